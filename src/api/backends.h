@@ -1,0 +1,32 @@
+// The two backends as the API layer sees them. Each takes validated params (src/core/params.h)
+// and trusts them; the CUDA side is implemented in src/cuda/ when CUDA is compiled in, and by
+// src/api/cuda_absent.cpp (every call reports Status::unsupported) when it is not.
+#pragma once
+
+#include <string>
+
+#include "core/params.h"
+
+namespace flashattn::cpu {
+void forward(const core::ForwardParams& p);
+void backward(const core::BackwardParams& p);
+void decode(const core::DecodeParams& p);
+void merge_states(const core::MergeParams& p);
+std::string features();       // CPU features found, e.g. "avx2 fma f16c"
+std::string kernel_level();   // the SIMD level dispatched to
+int default_threads();
+}  // namespace flashattn::cpu
+
+namespace flashattn::cuda {
+bool compiled();
+int device_count();
+std::string device_names();
+std::string kernels();  // the forward/backward/decode kernels compiled in, one per line
+// Synchronous copy of user-owned index arrays (cu_seqlens, cache lengths, block tables) to the
+// host, so validation can check them before any kernel trusts them.
+void copy_to_host(void* dst, const void* src, int64_t bytes, int device_index);
+void forward(const core::ForwardParams& p, int device_index);
+void backward(const core::BackwardParams& p, int device_index);
+void decode(const core::DecodeParams& p, int device_index);
+void merge_states(const core::MergeParams& p, int device_index);
+}  // namespace flashattn::cuda

@@ -1,0 +1,183 @@
+// The C ABI: converts the plain C structs to the C++ argument structs and turns exceptions into
+// status codes plus a thread-local message.
+#include <cstring>
+#include <string>
+
+#include "flashattn/flashattn.h"
+#include "flashattn/flashattn.hpp"
+#include "flashattn/version.h"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+flashattn::TensorView view(const flashattn_tensor& t) {
+  flashattn::TensorView v;
+  v.data = t.data;
+  v.dtype = static_cast<flashattn::DType>(t.dtype);
+  v.device = static_cast<flashattn::DeviceType>(t.device);
+  v.device_index = t.device_index;
+  v.rank = t.rank;
+  for (int i = 0; i < FLASHATTN_MAX_RANK; ++i) {
+    v.shape[i] = t.shape[i];
+    v.stride[i] = t.stride[i];
+  }
+  return v;
+}
+
+flashattn::AttnOptions options(const flashattn_options& o) {
+  flashattn::AttnOptions r;
+  r.softmax_scale = o.softmax_scale;
+  r.causal = o.causal != 0;
+  r.window_left = o.window_left;
+  r.window_right = o.window_right;
+  r.softcap = o.softcap;
+  r.num_threads = o.num_threads;
+  r.stream = o.stream;
+  return r;
+}
+
+// Rejects enum values a C caller can put in a tensor but the C++ enums do not hold.
+void check_tensor(const flashattn_tensor& t, const char* name) {
+  if (t.rank == 0) return;
+  if (t.dtype < FLASHATTN_F16 || t.dtype > FLASHATTN_I32)
+    throw flashattn::Error(flashattn::Status::invalid_argument,
+                           std::string("argument '") + name + "': unknown dtype code " + std::to_string(t.dtype));
+  if (t.device != FLASHATTN_CPU && t.device != FLASHATTN_CUDA)
+    throw flashattn::Error(flashattn::Status::invalid_argument,
+                           std::string("argument '") + name + "': unknown device code " + std::to_string(t.device));
+}
+
+template <class Args>
+void check_header(const Args* a, const char* op) {
+  if (a == nullptr)
+    throw flashattn::Error(flashattn::Status::invalid_argument, std::string(op) + ": args is NULL");
+  if (a->struct_size < sizeof(Args))
+    throw flashattn::Error(flashattn::Status::invalid_argument,
+                           std::string(op) + ": args->struct_size is " + std::to_string(a->struct_size) +
+                               ", expected sizeof = " + std::to_string(sizeof(Args)));
+}
+
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return FLASHATTN_OK;
+  } catch (const flashattn::Error& e) {
+    g_last_error = e.what();
+    return static_cast<int>(e.status());
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return FLASHATTN_INTERNAL;
+  } catch (...) {
+    g_last_error = "unknown internal error";
+    return FLASHATTN_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+flashattn_options flashattn_default_options(void) {
+  flashattn_options o;
+  std::memset(&o, 0, sizeof(o));
+  o.window_left = -1;
+  o.window_right = -1;
+  return o;
+}
+
+flashattn_tensor flashattn_contiguous(void* data, int32_t dtype, int32_t device, int32_t rank, const int64_t* shape) {
+  flashattn_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  if (rank < 0 || rank > FLASHATTN_MAX_RANK || (rank > 0 && shape == nullptr)) return t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = rank;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    t.shape[i] = shape[i];
+    t.stride[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+int flashattn_forward(const flashattn_forward_args* a) {
+  return guarded([&] {
+    check_header(a, "forward");
+    flashattn::ForwardArgs f;
+    const std::pair<const flashattn_tensor*, flashattn::TensorView*> ts[] = {
+        {&a->q, &f.q}, {&a->k, &f.k}, {&a->v, &f.v}, {&a->out, &f.out}, {&a->lse, &f.lse},
+        {&a->cu_seqlens_q, &f.cu_seqlens_q}, {&a->cu_seqlens_k, &f.cu_seqlens_k}};
+    const char* names[] = {"q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k"};
+    for (size_t i = 0; i < std::size(ts); ++i) {
+      check_tensor(*ts[i].first, names[i]);
+      *ts[i].second = view(*ts[i].first);
+    }
+    f.options = options(a->options);
+    flashattn::forward(f);
+  });
+}
+
+int flashattn_backward(const flashattn_backward_args* a) {
+  return guarded([&] {
+    check_header(a, "backward");
+    flashattn::BackwardArgs f;
+    const std::pair<const flashattn_tensor*, flashattn::TensorView*> ts[] = {
+        {&a->dout, &f.dout}, {&a->q, &f.q}, {&a->k, &f.k}, {&a->v, &f.v}, {&a->out, &f.out}, {&a->lse, &f.lse},
+        {&a->dq, &f.dq}, {&a->dk, &f.dk}, {&a->dv, &f.dv}, {&a->cu_seqlens_q, &f.cu_seqlens_q},
+        {&a->cu_seqlens_k, &f.cu_seqlens_k}};
+    const char* names[] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "cu_seqlens_q", "cu_seqlens_k"};
+    for (size_t i = 0; i < std::size(ts); ++i) {
+      check_tensor(*ts[i].first, names[i]);
+      *ts[i].second = view(*ts[i].first);
+    }
+    f.options = options(a->options);
+    f.deterministic = a->deterministic != 0;
+    flashattn::backward(f);
+  });
+}
+
+int flashattn_decode(const flashattn_decode_args* a) {
+  return guarded([&] {
+    check_header(a, "decode");
+    flashattn::DecodeArgs f;
+    const std::pair<const flashattn_tensor*, flashattn::TensorView*> ts[] = {
+        {&a->q, &f.q}, {&a->k_cache, &f.k_cache}, {&a->v_cache, &f.v_cache}, {&a->block_table, &f.block_table},
+        {&a->cache_seqlens, &f.cache_seqlens}, {&a->k_new, &f.k_new}, {&a->v_new, &f.v_new}, {&a->out, &f.out},
+        {&a->lse, &f.lse}};
+    const char* names[] = {"q", "k_cache", "v_cache", "block_table", "cache_seqlens", "k_new", "v_new", "out", "lse"};
+    for (size_t i = 0; i < std::size(ts); ++i) {
+      check_tensor(*ts[i].first, names[i]);
+      *ts[i].second = view(*ts[i].first);
+    }
+    f.num_splits = a->num_splits;
+    f.options = options(a->options);
+    flashattn::decode(f);
+  });
+}
+
+int flashattn_merge_states(const flashattn_merge_args* a) {
+  return guarded([&] {
+    check_header(a, "merge_states");
+    flashattn::MergeArgs f;
+    const std::pair<const flashattn_tensor*, flashattn::TensorView*> ts[] = {
+        {&a->o_parts, &f.o_parts}, {&a->lse_parts, &f.lse_parts}, {&a->out, &f.out}, {&a->lse, &f.lse}};
+    const char* names[] = {"o_parts", "lse_parts", "out", "lse"};
+    for (size_t i = 0; i < std::size(ts); ++i) {
+      check_tensor(*ts[i].first, names[i]);
+      *ts[i].second = view(*ts[i].first);
+    }
+    f.options = options(a->options);
+    flashattn::merge_states(f);
+  });
+}
+
+const char* flashattn_last_error(void) { return g_last_error.c_str(); }
+
+const char* flashattn_version(void) { return FLASHATTN_VERSION_STRING; }
+
+}  // extern "C"

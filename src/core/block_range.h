@@ -1,0 +1,70 @@
+// Which keys a query row may see, and which key tiles a query tile must visit, for causal and
+// sliding-window masks. One definition for every backend.
+//
+// Alignment is bottom-right (as FlashAttention): with seqlen_q rows and seqlen_k keys, row i sits
+// on diagonal d(i) = i + seqlen_k - seqlen_q, and sees key j iff
+//     (window_left  < 0 or j >= d(i) - window_left) and
+//     (window_right < 0 or j <= d(i) + window_right).
+// causal is window_right = 0. The visible range of row i is [lo(i), hi(i)), both nondecreasing in
+// i, so a tile of rows [r0, r1) touches keys [lo(r0), hi(r1 - 1)) and needs no mask on a key tile
+// [c0, c1) with lo(r1 - 1) <= c0 and c1 <= hi(r0) (and c1 <= seqlen_k).
+#pragma once
+
+#include <cstdint>
+
+#include "softmax_state.h"  // FA_HD
+
+namespace flashattn::core {
+
+struct MaskSpec {
+  int64_t seqlen_q = 0, seqlen_k = 0;
+  int64_t window_left = -1;   // -1 = unbounded
+  int64_t window_right = -1;  // -1 = unbounded; causal is 0
+
+  FA_HD int64_t diag(int64_t i) const { return i + seqlen_k - seqlen_q; }
+  FA_HD bool has_mask() const { return window_left >= 0 || window_right >= 0; }
+
+  // First visible key of row i (may exceed seqlen_k when the row sees nothing).
+  FA_HD int64_t lo(int64_t i) const {
+    if (window_left < 0) return 0;
+    int64_t v = diag(i) - window_left;
+    return v < 0 ? 0 : v;
+  }
+  // One past the last visible key of row i (may be <= lo when the row sees nothing).
+  FA_HD int64_t hi(int64_t i) const {
+    if (window_right < 0) return seqlen_k;
+    int64_t v = diag(i) + window_right + 1;
+    return v > seqlen_k ? seqlen_k : (v < 0 ? 0 : v);
+  }
+  FA_HD bool visible(int64_t i, int64_t j) const { return j >= lo(i) && j < hi(i); }
+};
+
+// Key tiles [n_begin, n_end) (tile size block_n) that query rows [r0, r1) must visit, and the
+// sub-range [n_nomask_begin, n_nomask_end) of those that need no element-wise mask.
+struct TileRange {
+  int64_t n_begin = 0, n_end = 0;
+  int64_t n_nomask_begin = 0, n_nomask_end = 0;
+  FA_HD bool empty() const { return n_end <= n_begin; }
+  FA_HD bool needs_mask(int64_t n) const { return n < n_nomask_begin || n >= n_nomask_end; }
+};
+
+FA_HD TileRange tile_range(const MaskSpec& m, int64_t r0, int64_t r1, int64_t block_n) {
+  TileRange t;
+  if (r1 <= r0 || m.seqlen_k <= 0) return t;
+  int64_t k_lo = m.lo(r0), k_hi = m.hi(r1 - 1);
+  if (k_hi <= k_lo) return t;
+  t.n_begin = k_lo / block_n;
+  t.n_end = (k_hi + block_n - 1) / block_n;
+  // Tiles fully inside every row's range: start >= lo(last row) and end <= min(hi(first row), sk).
+  int64_t full_lo = m.lo(r1 - 1), full_hi = m.hi(r0);
+  int64_t nb = (full_lo + block_n - 1) / block_n;
+  int64_t ne = full_hi / block_n;  // tiles ending at or before full_hi (a partial last tile masks)
+  if (nb < t.n_begin) nb = t.n_begin;
+  if (ne > t.n_end) ne = t.n_end;
+  if (ne < nb) ne = nb;
+  t.n_nomask_begin = nb;
+  t.n_nomask_end = ne;
+  return t;
+}
+
+}  // namespace flashattn::core
