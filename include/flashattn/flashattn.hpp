@@ -74,7 +74,7 @@ class Error : public std::runtime_error {
 
 // Options shared by every attention operation.
 struct AttnOptions {
-  float softmax_scale = 0.f;  // 0 means 1/sqrt(head_dim)
+  float softmax_scale = 0.f;  // > 0; 0 means 1/sqrt(head_dim)
   bool causal = false;        // bottom-right aligned; implies window_right = 0
   int64_t window_left = -1;   // -1 = unbounded
   int64_t window_right = -1;  // -1 = unbounded (must be -1 or 0 when causal)

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/backends.h"
@@ -57,10 +58,25 @@ class Checker {
       fail(name, "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[t.rank - 1]));
   }
 
-  // Outputs must not write one element twice.
+  // Outputs must not write one element twice: with the dimensions sorted by stride, each stride
+  // must step past the whole span of the smaller ones (a zero stride never does). This also
+  // rejects layouts such as heads overlapping within a row (head stride < head_dim).
   void no_self_overlap(const TensorView& t, const char* name) const {
+    int dims[kMaxRank];
+    int n = 0;
     for (int i = 0; i < t.rank; ++i)
-      if (t.shape[i] > 1 && t.stride[i] == 0) fail(name, "is an output and cannot have a zero stride");
+      if (t.shape[i] > 1) dims[n++] = i;
+    for (int j = 1; j < n; ++j)  // insertion sort by stride: at most four dimensions
+      for (int i = j; i > 0 && t.stride[dims[i]] < t.stride[dims[i - 1]]; --i) std::swap(dims[i], dims[i - 1]);
+    int64_t span = 0;  // the largest offset the smaller strides reach
+    for (int j = 0; j < n; ++j) {
+      int i = dims[j];
+      if (t.stride[i] <= span)
+        fail(name, "is an output, but its strides make elements overlap: stride[" + std::to_string(i) + "] = " +
+                       std::to_string(t.stride[i]) + " does not step past the " + std::to_string(span + 1) +
+                       " elements spanned by the smaller strides");
+      span += (t.shape[i] - 1) * t.stride[i];
+    }
   }
 
   void dtype(const TensorView& t, const char* name, DType want) const {
@@ -141,7 +157,10 @@ std::vector<int32_t> read_indices(const Checker& c, const TensorView& t, const c
 
 // Options common to every attention operation; fills the shape's scale, mask and flags.
 void apply_options(const Checker& c, const AttnOptions& o, int64_t head_dim, core::AttnShape& s) {
-  if (!std::isfinite(o.softmax_scale)) c.fail("options.softmax_scale", "must be finite");
+  // Kernels fold the scale into the exponent and take the row max on unscaled scores, which is
+  // only right for a positive scale (a non-positive one is not attention anyway).
+  if (!std::isfinite(o.softmax_scale) || o.softmax_scale < 0.f)
+    c.fail("options.softmax_scale", "must be finite and > 0 (0 = 1/sqrt(head_dim)), got " + std::to_string(o.softmax_scale));
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap)) c.fail("options.softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(o.softcap));
   if (o.window_left < -1) c.fail("options.window_left", "must be >= -1 (-1 = unbounded), got " + std::to_string(o.window_left));
   if (o.window_right < -1) c.fail("options.window_right", "must be >= -1 (-1 = unbounded), got " + std::to_string(o.window_right));
