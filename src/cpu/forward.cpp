@@ -1,6 +1,92 @@
-// PLACEHOLDER while the CPU engine is written in parallel; replaced by its owner.
+// The CPU forward pass: one task per (sequence, query head, query tile), each running the tiled
+// loop of attn_engine.h over the key tiles its rows can see. Tasks write disjoint rows of out and
+// lse, so the result does not depend on the number of threads or on the schedule.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "api/backends.h"
+#include "cpu/attn_engine.h"
+#include "cpu/parallel.h"
 
 namespace flashattn::cpu {
-void forward(const core::ForwardParams&) { throw Error(Status::unsupported, "forward: not yet implemented on the CPU"); }
+namespace {
+
+struct Span {  // one sequence of the batch: its first q / k token and its lengths
+  int64_t q0, sq, k0, sk;
+};
+
+Span span_of(const core::ForwardParams& p, int64_t b) {
+  if (!p.varlen()) return {0, p.seqlen_q, 0, p.seqlen_k};
+  return {p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.cu_seqlens_k[b],
+          p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]};
+}
+
+struct Task {
+  int64_t b, h, r0, r1;
+  int64_t cost;  // key tiles visited
+};
+
+template <class T>
+void run(const core::ForwardParams& p, const TileKernels<T>& kern) {
+  const int64_t esize = dtype_size(p.dtype), d = p.head_dim;
+  auto mask_of = [&](const Span& s) { return core::MaskSpec{s.sq, s.sk, p.window_left, p.window_right}; };
+
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    Span s = span_of(p, b);
+    core::MaskSpec mask = mask_of(s);
+    for (int64_t r0 = 0; r0 < s.sq; r0 += kBlockM) {
+      int64_t r1 = std::min(s.sq, r0 + kBlockM);
+      core::TileRange tr = core::tile_range(mask, r0, r1, kBlockN);
+      for (int64_t h = 0; h < p.heads_q; ++h) tasks.push_back({b, h, r0, r1, tr.n_end - tr.n_begin});
+    }
+  }
+  // Longest first, so the causal tiles near the diagonal's end do not finish last on one thread.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+
+  const int workers = workers_for(int64_t(tasks.size()), p.num_threads);
+  std::vector<std::unique_ptr<Workspace<T>>> spaces(static_cast<size_t>(workers));
+  const auto* q = static_cast<const char*>(p.q);
+  const auto* k = static_cast<const char*>(p.k);
+  const auto* v = static_cast<const char*>(p.v);
+  auto* out = static_cast<char*>(p.out);
+
+  parallel_for(int64_t(tasks.size()), p.num_threads, [&](int64_t t, int worker) {
+    auto& slot = spaces[size_t(worker)];
+    if (!slot) slot = std::make_unique<Workspace<T>>(d);
+    Workspace<T>& ws = *slot;
+    const Task& task = tasks[size_t(t)];
+    const Span s = span_of(p, task.b);
+    const int64_t hk = task.h / p.group();
+    const TileConfig<T> cfg = make_config<T>(p.dtype, p.scale, p.softcap, mask_of(s));
+
+    begin_tile(
+        ws, kern, cfg, task.r1 - task.r0,
+        [&](int64_t i) { return q + esize * p.q_s.offset(task.b, s.q0 + task.r0 + i, task.h); },
+        [&](int64_t i) { return task.r0 + i; });
+    core::TileRange tr = core::tile_range(cfg.mask, task.r0, task.r1, kBlockN);
+    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t key) {
+      return std::pair<const void*, const void*>(k + esize * p.k_s.offset(task.b, s.k0 + key, hk),
+                                                 v + esize * p.v_s.offset(task.b, s.k0 + key, hk));
+    });
+    for (int64_t i = 0; i < ws.rows; ++i) {
+      const int64_t token = s.q0 + task.r0 + i;
+      char* o = out + esize * p.o_s.offset(task.b, token, task.h);
+      T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
+      if (p.lse) store_value(p.lse, p.dtype == DType::f64 ? DType::f64 : DType::f32,
+                             p.lse_s.offset(task.b, token, task.h), lse);
+    }
+  });
+}
+
+}  // namespace
+
+void forward(const core::ForwardParams& p) {
+  if (p.dtype == DType::f64)
+    run<double>(p, double_kernels());
+  else
+    run<float>(p, float_kernels());
+}
+
 }  // namespace flashattn::cpu

@@ -1,0 +1,232 @@
+// The tile kernels of src/cpu/simd.h, written once over a "vector traits" type V and instantiated
+// per SIMD level (kernels_portable.cpp, kernels_avx2.cpp, kernels_avx512.cpp).
+//
+// V provides: T (float or double), reg (a vector of W values of T), W, the micro-tile shapes
+// kScoreKeys x kScoreVecs and kAccDims x kAccVecs, and zero / load / store / set1 / add / sub / mul /
+// fma(a, b, c) = a * b + c / max / exponent_base / exp2 / tanh / widen.
+//
+// Everything here has internal linkage (anonymous namespace) and uses no standard-library
+// templates: each instantiating file is compiled with its own ISA flags, and a shared inline
+// symbol could otherwise let the linker pick, say, the AVX-512 copy for the portable path.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/simd.h"
+
+namespace flashattn::cpu {
+namespace {
+
+inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---- vector exp2 and tanh (SIMD levels; the portable level calls libm) ------------------------
+// These need from V: round (to nearest integer), pow2i (2^n for integral n in [-127, 128]), abs,
+// copysign(magnitude, sign), div and less_select(a, b, x, y) = a < b ? x : y.
+
+// 2^x for x <= 0 (a score minus its row max), x = -inf (a masked score) giving exactly 0, and NaN
+// giving NaN. x = n + r with n integral and |r| <= 1/2; 2^r = e^(r ln 2) by its Taylor series to
+// degree 7, whose truncation error (ln 2 / 2)^8 / 8! < 6e-9 is below half an fp32 ulp. Results
+// below 2^-126 flush to 0 (they are negligible next to the row's largest term, which is 1).
+template <class V>
+typename V::reg exp2_poly(typename V::reg x) {
+  using reg = typename V::reg;
+  x = V::max(V::set1(-127), x);  // V::max returns its second operand for NaN, so NaN stays NaN
+  reg n = V::round(x);
+  reg r = V::sub(x, n);
+  reg p = V::set1(1.525273380405984e-05);  // (ln 2)^7 / 7!
+  p = V::fma(p, r, V::set1(1.5403530393381608e-04));
+  p = V::fma(p, r, V::set1(1.3333558146428443e-03));
+  p = V::fma(p, r, V::set1(9.618129107628477e-03));
+  p = V::fma(p, r, V::set1(5.550410866482158e-02));
+  p = V::fma(p, r, V::set1(2.402265069591007e-01));
+  p = V::fma(p, r, V::set1(6.931471805599453e-01));
+  p = V::fma(p, r, V::set1(1.0));
+  return V::mul(p, V::pow2i(n));  // 2^-127 is built as +0, so -inf and very small x give 0
+}
+
+// tanh(y). For |y| < 1/2 the odd Taylor series through y^15 (alternating, so its error is below the
+// next term, 6e-4 * 2^-17 < 5e-9, about a tenth of an ulp); above, (1 - e) / (1 + e) with
+// e = exp(-2|y|) <= e^-1, where the subtraction loses no precision. NaN gives NaN.
+template <class V>
+typename V::reg tanh_poly(typename V::reg y) {
+  using reg = typename V::reg;
+  reg a = V::abs(y);
+  reg a2 = V::mul(a, a);
+  reg s = V::set1(-929569.0 / 638512875.0);
+  s = V::fma(s, a2, V::set1(21844.0 / 6081075.0));
+  s = V::fma(s, a2, V::set1(-1382.0 / 155925.0));
+  s = V::fma(s, a2, V::set1(62.0 / 2835.0));
+  s = V::fma(s, a2, V::set1(-17.0 / 315.0));
+  s = V::fma(s, a2, V::set1(2.0 / 15.0));
+  s = V::fma(s, a2, V::set1(-1.0 / 3.0));
+  s = V::fma(s, a2, V::set1(1.0));
+  reg small = V::mul(s, a);
+  reg one = V::set1(1.0);
+  reg e = exp2_poly<V>(V::mul(V::set1(-2.0 * 1.4426950408889634), a));
+  reg large = V::div(V::sub(one, e), V::add(one, e));
+  return V::copysign(V::less_select(a, V::set1(0.5), small, large), y);
+}
+
+// ---- S^T = K Q^T -------------------------------------------------------------------------------
+// A micro-tile of MR keys x NV vectors of query rows, accumulated over the head dimension in
+// registers. Each step broadcasts one value of each key row and multiplies it by NV vectors of Q^T.
+template <class V, int MR, int NV>
+void scores_micro(const typename V::T* const* k, const typename V::T* qt, int64_t d, int64_t mpad,
+                  typename V::T* st) {
+  using reg = typename V::reg;
+  reg acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+  for (int64_t x = 0; x < d; ++x) {
+    reg q[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) q[v] = V::load(qt + x * mpad + v * V::W);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      reg b = V::set1(k[r][x]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = V::fma(b, q[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) V::store(st + r * mpad + v * V::W, acc[r][v]);
+}
+
+// Picks the micro-tile for the remainder shapes (mr <= MR keys, nv <= NV vectors) at run time.
+template <class V, int MR, int NV>
+void scores_dispatch(int mr, int nv, const typename V::T* const* k, const typename V::T* qt, int64_t d,
+                     int64_t mpad, typename V::T* st) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return scores_dispatch<V, MR - 1, NV>(mr, nv, k, qt, d, mpad, st);
+  }
+  if constexpr (NV > 1) {
+    if (nv < NV) return scores_dispatch<V, MR, NV - 1>(mr, nv, k, qt, d, mpad, st);
+  }
+  scores_micro<V, MR, NV>(k, qt, d, mpad, st);
+}
+
+template <class V>
+void scores(const typename V::T* const* k, int64_t nk, const typename V::T* qt, int64_t d, int64_t mpad,
+            typename V::T* st) {
+  constexpr int MR = V::kScoreKeys, NV = V::kScoreVecs, W = V::W;
+  // Query panels outside: a panel of Q^T (d x NV*W) stays in L1 while the key rows stream.
+  for (int64_t i0 = 0; i0 < mpad; i0 += NV * W) {
+    int nv = int(min_i64(NV, (mpad - i0) / W));
+    for (int64_t j = 0; j < nk; j += MR) {
+      int mr = int(min_i64(MR, nk - j));
+      scores_dispatch<V, MR, NV>(mr, nv, k + j, qt + i0, d, mpad, st + j * mpad + i0);
+    }
+  }
+}
+
+// ---- O~^T = f * O~^T + V^T P^T -----------------------------------------------------------------
+// A micro-tile of MR head-dimension rows x NV vectors of query rows; the old values are rescaled
+// by the row factors f as they are loaded, so the rescale costs no extra pass over o~.
+template <class V, int MR, int NV>
+void accumulate_micro(const typename V::T* const* vrows, int64_t nk, int64_t x0, const typename V::T* pt,
+                      int64_t mpad, const typename V::T* f, typename V::T* ot) {
+  using reg = typename V::reg;
+  reg acc[MR][NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    reg fv = V::load(f + v * V::W);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) acc[r][v] = V::mul(V::load(ot + r * mpad + v * V::W), fv);
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    reg p[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) p[v] = V::load(pt + j * mpad + v * V::W);
+    const typename V::T* vr = vrows[j] + x0;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      reg b = V::set1(vr[r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = V::fma(b, p[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) V::store(ot + r * mpad + v * V::W, acc[r][v]);
+}
+
+template <class V, int MR, int NV>
+void accumulate_dispatch(int mr, int nv, const typename V::T* const* vrows, int64_t nk, int64_t x0,
+                         const typename V::T* pt, int64_t mpad, const typename V::T* f, typename V::T* ot) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return accumulate_dispatch<V, MR - 1, NV>(mr, nv, vrows, nk, x0, pt, mpad, f, ot);
+  }
+  if constexpr (NV > 1) {
+    if (nv < NV) return accumulate_dispatch<V, MR, NV - 1>(mr, nv, vrows, nk, x0, pt, mpad, f, ot);
+  }
+  accumulate_micro<V, MR, NV>(vrows, nk, x0, pt, mpad, f, ot);
+}
+
+template <class V>
+void accumulate(const typename V::T* const* vrows, int64_t nk, const typename V::T* pt, int64_t mpad, int64_t d,
+                const typename V::T* f, typename V::T* ot) {
+  constexpr int MR = V::kAccDims, NV = V::kAccVecs, W = V::W;
+  // Query panels outside: the panel of P^T (nk x NV*W) stays in L1 while the head dimension walks.
+  for (int64_t i0 = 0; i0 < mpad; i0 += NV * W) {
+    int nv = int(min_i64(NV, (mpad - i0) / W));
+    for (int64_t x0 = 0; x0 < d; x0 += MR) {
+      int mr = int(min_i64(MR, d - x0));
+      accumulate_dispatch<V, MR, NV>(mr, nv, vrows, nk, x0, pt + i0, mpad, f + i0, ot + x0 * mpad + i0);
+    }
+  }
+}
+
+// ---- online softmax over a tile ----------------------------------------------------------------
+// Column i of ST holds the scores of query row i: the update of core::SoftmaxState, W rows at once.
+// The running max m stays in score units; exponents are formed as (s - base) * c, the difference
+// first, so a score of 1e4 keeps the precision of its distance to the max.
+template <class V>
+void softmax(typename V::T* st, int64_t nk, int64_t mpad, typename V::T c, typename V::T* m, typename V::T* l,
+             typename V::T* f) {
+  using reg = typename V::reg;
+  const reg cv = V::set1(c);
+  for (int64_t i = 0; i < mpad; i += V::W) {
+    reg m_old = V::load(m + i);
+    reg m_new = m_old;
+    for (int64_t j = 0; j < nk; ++j) m_new = V::max(V::load(st + j * mpad + i), m_new);
+    reg base = V::exponent_base(m_new);                   // 0 while the row has seen only -inf
+    reg factor = V::exp2(V::mul(V::sub(m_old, base), cv));  // rescale_factor(m_old, m_new)
+    reg sum = V::zero();
+    for (int64_t j = 0; j < nk; ++j) {
+      reg p = V::exp2(V::mul(V::sub(V::load(st + j * mpad + i), base), cv));
+      V::store(st + j * mpad + i, p);
+      sum = V::add(sum, p);
+    }
+    V::store(l + i, V::fma(V::load(l + i), factor, sum));
+    V::store(m + i, m_new);
+    V::store(f + i, factor);
+  }
+}
+
+// n is a multiple of W (a whole score tile, nk * mpad).
+template <class V>
+void softcap(typename V::T* x, int64_t n, typename V::T cap) {
+  typename V::reg c = V::set1(cap);
+  for (int64_t i = 0; i < n; i += V::W) V::store(x + i, V::mul(c, V::tanh(V::load(x + i))));
+}
+
+template <class V>
+TileKernels<typename V::T> make_kernels(KernelLevel level) {
+  TileKernels<typename V::T> t;
+  t.level = level;
+  t.row_align = V::W;
+  t.scores = &scores<V>;
+  t.softcap = &softcap<V>;
+  t.softmax = &softmax<V>;
+  t.accumulate = &accumulate<V>;
+  t.widen = &V::widen;
+  return t;
+}
+
+}  // namespace
+}  // namespace flashattn::cpu

@@ -1,0 +1,86 @@
+// The AVX-512 level: 16 floats per register. Compiled with -mavx512f -mavx512bw -mavx512dq
+// -mavx512vl (see CMakeLists.txt), so it is called only when the CPU reports all four.
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
+// reports as "may be used uninitialized" (GCC bug 105593); the values are fully overwritten.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include "cpu/kernel_impl.h"
+
+namespace flashattn::cpu {
+namespace {
+
+struct Avx512 {
+  using T = float;
+  using reg = __m512;
+  static constexpr int W = 16;
+  // 32 zmm registers: S^T micro-tile 8 keys x 48 rows (24 accumulators + 3 Q^T + 1 broadcast);
+  // accumulate micro-tile 8 head-dim rows x 48 rows (24 accumulators + 3 P^T + 1 broadcast).
+  static constexpr int kScoreKeys = 8, kScoreVecs = 3;
+  static constexpr int kAccDims = 8, kAccVecs = 3;
+
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm512_storeu_ps(p, x); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }  // b when either is NaN
+  static reg round(reg x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static reg pow2i(reg n) {
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static reg abs(reg x) { return _mm512_abs_ps(x); }
+  static reg copysign(reg mag, reg sgn) {
+    __m512i s = _mm512_and_si512(_mm512_castps_si512(sgn), _mm512_set1_epi32(int(0x80000000u)));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), s));
+  }
+  static reg less_select(reg a, reg b, reg x, reg y) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+  }
+  // core::exponent_base: 0 where the running max is still -inf.
+  static reg exponent_base(reg m) {
+    __mmask16 empty = _mm512_cmp_ps_mask(m, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
+    return _mm512_mask_blend_ps(empty, m, _mm512_setzero_ps());
+  }
+  static reg exp2(reg x) { return exp2_poly<Avx512>(x); }
+  static reg tanh(reg x) { return tanh_poly<Avx512>(x); }
+
+  // n is a multiple of 8 (a head dimension): 16 at a time, then a last 8 with the 256-bit forms.
+  static void widen(const void* src, DType t, float* dst, int64_t n) {
+    auto* s = static_cast<const uint16_t*>(src);
+    int64_t i = 0;
+    if (t == DType::f16) {
+      for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+      if (i < n) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    } else {  // bf16 is the top half of an fp32
+      for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+      }
+      if (i < n) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const TileKernels<float>& avx512_kernels_f32() {
+  static const TileKernels<float> k = make_kernels<Avx512>(KernelLevel::avx512);
+  return k;
+}
+
+}  // namespace flashattn::cpu
+
+#endif  // __x86_64__

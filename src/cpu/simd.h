@@ -1,0 +1,63 @@
+// The CPU engine's SIMD levels and the table of tile kernels each level provides.
+//
+// The tiled loop nest (src/cpu/attn_engine.h) is plain C++ compiled for the baseline ISA; it calls
+// the few hot kernels below through one table per level, chosen at run time. The kernels work on
+// tiles kept "query-minor": a query tile's rows are the vector lanes, so the online-softmax state of
+// many rows is updated with one vector instruction and no horizontal reductions are needed.
+//
+//   QT  [d][mpad]   the query tile, transposed, pre-scaled (see attn_engine.h)
+//   ST  [nk][mpad]  scores of nk keys against the tile (S transposed), then in place P~
+//   OT  [d][mpad]   the unnormalized output o~, transposed
+//   m, l, f [mpad]  running max (score units), running sum, and the last rescale factor per row
+//
+// mpad is the row count rounded up to `row_align`; padded rows are computed and ignored.
+//
+// Level selection: the best level the CPU supports (__builtin_cpu_supports, once), capped by the
+// environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512 when it is set (read at each call,
+// so tests can compare levels in one process). An unknown value is an error, not a silent fallback.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::cpu {
+
+enum class KernelLevel : int { portable = 0, avx2 = 1, avx512 = 2 };
+
+template <class T>
+struct TileKernels {
+  KernelLevel level;
+  int64_t row_align;  // mpad must be a multiple of this (the vector width)
+  // ST[j][i] = sum_x K_j[x] * QT[x][i] for j < nk, i < mpad; k[j] points at key j's d values.
+  void (*scores)(const T* const* k, int64_t nk, const T* qt, int64_t d, int64_t mpad, T* st);
+  // x = cap * tanh(x) for n values (softcap; x holds the already divided score).
+  void (*softcap)(T* x, int64_t n, T cap);
+  // One online-softmax step over an (already masked) score tile: new max, rescale factor f, P~ in
+  // place of the scores, l = f * l + rowsum(P~). The rules of core::SoftmaxState, with m kept in
+  // score units and the exp2-domain exponent formed as (s - base) * c.
+  void (*softmax)(T* st, int64_t nk, int64_t mpad, T c, T* m, T* l, T* f);
+  // OT[x][i] = f[i] * OT[x][i] + sum_j V_j[x] * PT[j][i]; v[j] points at key j's d values.
+  void (*accumulate)(const T* const* v, int64_t nk, const T* pt, int64_t mpad, int64_t d, const T* f, T* ot);
+  // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
+  void (*widen)(const void* src, DType t, T* dst, int64_t n);
+};
+
+// Tables of each level; the SIMD ones exist only on x86-64 builds.
+const TileKernels<float>& portable_kernels_f32();
+const TileKernels<double>& portable_kernels_f64();
+#if defined(__x86_64__)
+const TileKernels<float>& avx2_kernels_f32();
+const TileKernels<float>& avx512_kernels_f32();
+#endif
+
+KernelLevel detected_level();  // the best level this CPU supports
+KernelLevel active_level();    // detected_level() capped by FLASHATTN_CPU_KERNEL
+const char* level_name(KernelLevel level);
+
+// The float kernels of the active level. f64 problems always run the portable double kernels:
+// they exist for gradient checks, where exactness matters and speed does not.
+const TileKernels<float>& float_kernels();
+const TileKernels<double>& double_kernels();
+
+}  // namespace flashattn::cpu
