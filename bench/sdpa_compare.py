@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Our GPU kernels beside PyTorch SDPA's backends, in one process on one GPU.
+
+Calls libflashattn through its C ABI (ctypes), so nothing needs building beyond the library.
+Shapes follow the anchors (shared/anchors/README.md) and the FlashAttention-3 paper: bf16, 16k
+tokens in total (batch = tokens // seqlen), hidden 2048 (heads = 2048 // d). Forward FLOPs are
+4*b*h*s*s*d, halved when causal. Times are medians of triton.testing.do_bench (CUDA events,
+after warm-up). Each shape's output is also checked against SDPA's.
+
+  python3 bench/sdpa_compare.py --lib build/libflashattn.so
+  python3 bench/sdpa_compare.py --lib build/libflashattn.so --d 128 --s 2048,8192 --json out.json
+"""
+import argparse
+import ctypes as C
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+BF16, CUDA = 1, 1
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int32), ("device", C.c_int32), ("device_index", C.c_int32),
+                ("rank", C.c_int32), ("shape", C.c_int64 * 4), ("stride", C.c_int64 * 4)]
+
+
+class Options(C.Structure):
+    _fields_ = [("softmax_scale", C.c_float), ("causal", C.c_int32), ("window_left", C.c_int64),
+                ("window_right", C.c_int64), ("softcap", C.c_float), ("num_threads", C.c_int32),
+                ("stream", C.c_void_p)]
+
+
+class ForwardArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_uint32)] + [(n, Tensor) for n in
+                ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")] + [("options", Options)]
+
+
+def view(t, dtype_code):
+    v = Tensor()
+    v.data = t.data_ptr()
+    v.dtype = dtype_code
+    v.device = CUDA
+    v.device_index = t.device.index or 0
+    v.rank = t.dim()
+    for i in range(t.dim()):
+        v.shape[i] = t.shape[i]
+        v.stride[i] = t.stride(i)
+    return v
+
+
+def median_ms(fn):
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default="build/libflashattn.so")
+    p.add_argument("--d", default="64,128,256")
+    p.add_argument("--s", default="512,1024,2048,4096,8192,16384")
+    p.add_argument("--causal", default="0,1")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--json")
+    a = p.parse_args()
+    lib = C.CDLL(a.lib)
+    lib.flashattn_forward.argtypes = [C.POINTER(ForwardArgs)]
+    lib.flashattn_last_error.restype = C.c_char_p
+    ints = lambda s: [int(x) for x in s.split(",") if x]
+    rows = []
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
+    print(f"{'d':>4} {'causal':>6} {'s':>6} | {'ours':>6} {'fa2':>6} {'cudnn':>6} | {'/fa2':>5} {'/cudnn':>6} | max|ours-sdpa|")
+    for d in ints(a.d):
+        for causal in ints(a.causal):
+            for s in ints(a.s):
+                b, h = max(1, a.tokens // s), 2048 // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                out = torch.empty_like(q)
+                lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+                args = ForwardArgs()
+                args.struct_size = C.sizeof(ForwardArgs)
+                args.q, args.k, args.v, args.out = view(q, BF16), view(k, BF16), view(v, BF16), view(out, BF16)
+                args.lse = view(lse, 2)
+                args.options.causal = causal
+                args.options.window_left = args.options.window_right = -1
+                args.options.stream = torch.cuda.current_stream().cuda_stream
+                ref_args = C.byref(args)
+
+                def ours():
+                    rc = lib.flashattn_forward(ref_args)
+                    if rc != 0:
+                        raise RuntimeError(lib.flashattn_last_error().decode())
+
+                flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+                row = {"d": d, "causal": bool(causal), "s": s, "b": b, "h": h}
+                row["ours"] = flops / median_ms(ours) / 1e9
+                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        with sdpa_kernel(backend):
+                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                            ref = fn()
+                            row[name] = flops / median_ms(fn) / 1e9
+                    except RuntimeError as e:
+                        row[name + "_error"] = str(e).splitlines()[0][:160]
+                ours()
+                torch.cuda.synchronize()
+                row["max_abs_diff_vs_sdpa"] = (out.float() - ref.transpose(1, 2).float()).abs().max().item()
+                rows.append(row)
+                f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
+                r = lambda key: f"{row['ours'] / row[key]:5.2f}" if key in row else "    -"
+                print(f"{d:4d} {causal:6d} {s:6d} | {f('ours')} {f('fa2')} {f('cudnn')} | {r('fa2')} {r('cudnn'):>6} |"
+                      f" {row['max_abs_diff_vs_sdpa']:.3g}", flush=True)
+                del q, k, v, out, lse, qt, kt, vt
+                torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build, GPU tests against the fp64 reference, compute-sanitizer on a
+# reduced set, and the side-by-side benchmark. Logs go to $OUT (the device tool brings them back).
+#   scripts/gpu_check.sh [build|test|sanitize|bench]...   (default: all four, in that order)
+# Environment: ARCHS (default 90a), HDIMS, BENCH_ARGS (passed to bench/sdpa_compare.py),
+# SAN_FILTER (gtest filter for the sanitizer pass).
+set -uo pipefail
+OUT=${OUT:-/tmp/flashattn-gpu-out}
+mkdir -p "$OUT"
+BUILD=build-gpu
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
+status=0
+for step in "${steps[@]}"; do
+  case "$step" in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+      cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_ARCHS="${ARCHS:-90a}" \
+        ${HDIMS:+-DFLASHATTN_HDIMS="$HDIMS"} -DFLASHATTN_BUILD_TOOLS=OFF > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
+      cmake --build $BUILD -j16 --target flashattn flashattn_gpu_tests > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+      grep -E "spill" "$OUT/build.log" | sort | uniq -c | head -20
+      ;;
+    test)
+      ./$BUILD/tests/flashattn_gpu_tests > "$OUT/gpu_tests.log" 2>&1 || status=1
+      grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|exceeds|tests ran" "$OUT/gpu_tests.log" | head -40
+      ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 ./$BUILD/tests/flashattn_gpu_tests \
+          --gtest_filter="${SAN_FILTER:-Ptx.*:GpuForward.StridesOddHeadDimsAndNoLse:GpuForward.VarlenWithEmptySequences}" \
+          > "$OUT/sanitize_$tool.log" 2>&1 || status=1
+        echo "$tool: $(grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -3 | tr '\n' ' ')"
+      done
+      ;;
+    bench)
+      PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --lib $BUILD/libflashattn.so --json "$OUT/bench.json" ${BENCH_ARGS:-} \
+        2>&1 | tee "$OUT/bench.log" || status=1
+      ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,134 @@
+// Our typed layer over the sm80 PTX the portable kernels need: cp.async, ldmatrix, mma.sync,
+// ex2/tanh approximations and 16-bit packing. Every `asm volatile` of the portable path lives here
+// (tests/gpu/ptx_test.cu checks each wrapper against plain CUDA). Names say who runs them:
+// thread_* is per thread, warp_* must be called by all 32 lanes of a warp together.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16; lane = 4*g + t):
+//   A (16x16, row-major)  reg r = {a[2r], a[2r+1]}: row g + 8*(r & 1), cols 2t + 8*(r >> 1) + {0, 1}
+//   B (16x8,  "col")      reg r = {b[2r], b[2r+1]}: rows (k) 2t + 8*r + {0, 1}, col (n) g
+//   C (16x8)              c[i]: row g + 8*(i >> 1), col 2t + (i & 1)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace flashattn::cuda::ptx {
+
+// ---- cp.async: global -> shared, 16 bytes, bypassing L1 --------------------------------------
+
+// Copies 16 bytes when `valid`, else writes 16 zero bytes (src-size 0 reads nothing, so `src` may
+// point anywhere mapped, e.g. the tensor base).
+__device__ __forceinline__ void thread_cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
+}
+
+__device__ __forceinline__ void thread_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N of this thread's committed groups are still in flight. Other threads'
+// copies are visible only after a barrier.
+template <int N>
+__device__ __forceinline__ void thread_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ---- ldmatrix: shared -> registers in mma fragment layout ------------------------------------
+
+// Four 8x8 b16 matrices. Lane L passes the address of row (L & 7) of matrix (L >> 3); register j
+// receives matrix j, lane L holding row L/4, elements 2(L%4) and 2(L%4)+1.
+__device__ __forceinline__ void warp_ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// The same, each matrix transposed: lane L holds column L/4, rows 2(L%4) and 2(L%4)+1. Used for
+// V, stored [key][d], as the B operand of P.V (which needs consecutive keys in a register).
+__device__ __forceinline__ void warp_ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// ---- mma.sync m16n8k16, fp32 accumulate ------------------------------------------------------
+
+template <class Element>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void warp_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                       uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void warp_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                       uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---- special functions -------------------------------------------------------------------------
+
+// 2^x on the special-function unit (ex2.approx: ~2 ulp; exp2(-inf) = 0, which the softmax relies on).
+__device__ __forceinline__ float thread_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh on the special-function unit (relative error ~2^-11, below bf16/fp16 resolution).
+__device__ __forceinline__ float thread_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- packing -------------------------------------------------------------------------------------
+
+// Two floats as one register of two 16-bit values, `lo` in the low half (the lower column index of
+// an mma fragment), round to nearest even.
+template <class Element>
+__device__ __forceinline__ uint32_t thread_pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t thread_pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <>
+__device__ __forceinline__ uint32_t thread_pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- quad reductions (the 4 lanes that share a fragment row) -------------------------------------
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace flashattn::cuda::ptx

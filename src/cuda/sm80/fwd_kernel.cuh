@@ -1,0 +1,318 @@
+// The portable forward kernel (sm80+): FlashAttention-2's design in our own CUDA C++.
+//
+// One CTA per (query tile, head, batch). The Q tile is split across warps by rows (no inter-warp
+// reduction); K/V tiles stream through a ring of shared-memory stages filled by cp.async; S = Q K^T
+// and O += P V run on mma.sync m16n8k16 with fp32 accumulators; the online softmax (src/core/
+// softmax_state.h) runs in registers in the exp2 domain with the scale folded into one FMA; P never
+// leaves registers (the S accumulator is re-packed as the A operand of P V); O is divided by l once
+// at the end and O and lse are written once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/block_range.h"
+#include "core/params.h"
+#include "core/softmax_state.h"
+#include "cuda/ptx/sm80.cuh"
+#include "cuda/tile_size.h"
+
+namespace flashattn::cuda::sm80 {
+
+template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kMTiles_, int kStages_, bool kQInRegs_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr int kBlockM = 16 * kWarps * kMTiles;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S
+  static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O
+  static constexpr int kTileQ = kBlockM * kHeadDim;
+  static constexpr int kTileKV = kBlockN * kHeadDim;
+  static constexpr int kSmemBytes = (kTileQ + 2 * kStages * kTileKV) * int(sizeof(Element));
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "mma k16 steps");
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kChunks * 8] shared tile. The
+// chunk index is XOR-swizzled so that the 8 rows an ldmatrix reads (same logical chunk) hit 8
+// different 16-byte bank groups: rows of 128-byte multiples XOR the low 3 chunk bits with row % 8;
+// rows of 64 B mod 128 (head dims 32, 96) pair up rows, so they XOR the low 2 bits with row/2 % 4.
+template <int kChunks>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  static_assert(kChunks % 4 == 0, "head dim must be a multiple of 32");
+  int phys = (kChunks % 8 == 0) ? (chunk ^ (row & 7)) : (chunk ^ ((row >> 1) & 3));
+  return row * kChunks * 8 + phys * 8;
+}
+
+// All threads: copy rows [0, kRows) x chunks of a global tile into shared memory; rows past
+// `rows_valid` and chunks past `chunks_valid` (head dims below the kernel's) are zero-filled, so
+// they add 0 to every dot product and nothing is read past the tensor. Each thread keeps one chunk
+// column and walks its rows with one running pointer: precomputing every row's address would be
+// hoisted out of the K/V loop by the compiler and cost tens of registers.
+template <class T, int kRows>
+__device__ __forceinline__ void block_load_tile(typename T::Element* smem, const typename T::Element* gmem,
+                                                int64_t row_stride, int rows_valid, int chunks_valid) {
+  constexpr int kTotal = kRows * T::kChunks;
+  static_assert(kTotal % T::kThreads == 0, "every thread copies the same number of chunks");
+  if constexpr (T::kThreads % T::kChunks == 0) {
+    constexpr int kRowsPerStep = T::kThreads / T::kChunks;
+    const int chunk = int(threadIdx.x) % T::kChunks, row0 = int(threadIdx.x) / T::kChunks;
+    const bool chunk_ok = chunk < chunks_valid;
+    const typename T::Element* src = gmem + row0 * row_stride + chunk * 8;
+#pragma unroll
+    for (int step = 0; step < kRows / kRowsPerStep; ++step) {
+      int row = row0 + step * kRowsPerStep;
+      bool valid = chunk_ok && row < rows_valid;
+      ptx::thread_cp_async_16(smem + swizzle<T::kChunks>(row, chunk), valid ? src : gmem, valid);
+      src += kRowsPerStep * row_stride;
+    }
+  } else {  // head dim 96: 12 chunks per row do not divide the thread count
+#pragma unroll
+    for (int step = 0; step < kTotal / T::kThreads; ++step) {
+      int i = int(threadIdx.x) + step * T::kThreads;
+      int row = i / T::kChunks, chunk = i % T::kChunks;
+      bool valid = row < rows_valid && chunk < chunks_valid;
+      const typename T::Element* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
+      ptx::thread_cp_async_16(smem + swizzle<T::kChunks>(row, chunk), src, valid);
+    }
+  }
+}
+
+// One warp: the A fragments (16 rows x 16 cols) of m-tile rows starting at `row0`, k-step `ks`.
+template <class T>
+__device__ __forceinline__ void warp_load_a(uint32_t (&a)[4], const typename T::Element* sQ, int row0, int ks) {
+  int lane = threadIdx.x & 31;
+  ptx::warp_ldmatrix_x4(a, sQ + swizzle<T::kChunks>(row0 + (lane & 15), 2 * ks + (lane >> 4)));
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_constant__ core::ForwardParams p) {
+  using E = typename T::Element;
+  using Mma = ptx::Mma<E>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  E* sQ = reinterpret_cast<E*>(smem_raw);
+  E* sK = sQ + T::kTileQ;
+  E* sV = sK + T::kStages * T::kTileKV;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.y, b = blockIdx.z;
+  // With a right bound (causal), later query tiles see more keys: launching them first shortens
+  // the tail of the grid.
+  const int m_block = p.window_right >= 0 ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+
+  int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    q0 = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - q0;
+    k0 = p.cu_seqlens_k[b];
+    sk = p.cu_seqlens_k[b + 1] - k0;
+  }
+  const int64_t r0 = int64_t(m_block) * T::kBlockM;
+  if (r0 >= sq) return;
+  const int rows_valid = int(sq - r0 < T::kBlockM ? sq - r0 : T::kBlockM);
+  const int hk = int(h / (p.heads_q / p.heads_kv));
+  const int chunks_valid = int(p.head_dim / 8);
+  const core::MaskSpec mask{sq, sk, p.window_left, p.window_right};
+  const core::TileRange tiles = core::tile_range(mask, r0, r0 + rows_valid, T::kBlockN);
+
+  const E* q = static_cast<const E*>(p.q) + p.q_s.offset(b, q0 + r0, h);
+  const E* k = static_cast<const E*>(p.k) + p.k_s.offset(b, k0, hk);
+  const E* v = static_cast<const E*>(p.v) + p.v_s.offset(b, k0, hk);
+
+  // Scores enter exp2 as fma(u, c, -base): u is the raw q.k (or tanh of it under softcap) and c
+  // folds the softmax scale (and softcap) with log2(e), so the max is taken on u and the exponent
+  // costs one FMA. c > 0 is guaranteed by validation.
+  const bool softcap = p.softcap > 0.f;
+  const float c = float(core::kLog2e) * (softcap ? p.softcap : p.scale);
+  const float tanh_scale = softcap ? p.scale / p.softcap : 0.f;
+
+  float acc_o[T::kMTiles][T::kDTiles][4];
+  float row_max[T::kMTiles][2], row_sum[T::kMTiles][2];  // exp2-domain max; thread-partial sum
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < T::kDTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_o[mt][j][i] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = core::neg_inf<float>();
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  if (!tiles.empty()) {
+    block_load_tile<T, T::kBlockM>(sQ, q, p.q_s.row, rows_valid, chunks_valid);
+    auto load_kv = [&](int64_t n, int stage) {
+      int64_t key0 = n * T::kBlockN;
+      int keys = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
+      block_load_tile<T, T::kBlockN>(sK + stage * T::kTileKV, k + key0 * p.k_s.row, p.k_s.row, keys, chunks_valid);
+      block_load_tile<T, T::kBlockN>(sV + stage * T::kTileKV, v + key0 * p.v_s.row, p.v_s.row, keys, chunks_valid);
+    };
+    // Prologue: Q joins the first group; every stage's group is committed (empty past the end) so
+    // that "wait until kStages - 1 groups pend" always means "tile `it` has landed".
+#pragma unroll
+    for (int s = 0; s < T::kStages; ++s) {
+      if (tiles.n_begin + s < tiles.n_end) load_kv(tiles.n_begin + s, s);
+      ptx::thread_cp_async_commit();
+    }
+
+    uint32_t q_frag[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4];
+    for (int64_t n = tiles.n_begin, it = 0; n < tiles.n_end; ++n, ++it) {
+      ptx::thread_cp_async_wait<T::kStages - 1>();
+      __syncthreads();
+      const int stage = int(it % T::kStages);
+      const E* sKs = sK + stage * T::kTileKV;
+      const E* sVs = sV + stage * T::kTileKV;
+      if constexpr (T::kQInRegs) {
+        if (it == 0) {
+#pragma unroll
+          for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+            for (int ks = 0; ks < T::kKSteps; ++ks) warp_load_a<T>(q_frag[mt][ks], sQ, 16 * (warp * T::kMTiles + mt), ks);
+        }
+      }
+
+      // S = Q K^T for this warp's rows: B fragments of two n8 tiles per ldmatrix.x4, reused by
+      // every m-tile.
+      float acc_s[T::kMTiles][T::kNTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < T::kNTiles; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_s[mt][j][i] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < T::kKSteps; ++ks) {
+        uint32_t a_smem[T::kQInRegs ? 1 : T::kMTiles][4];
+        if constexpr (!T::kQInRegs) {
+#pragma unroll
+          for (int mt = 0; mt < T::kMTiles; ++mt) warp_load_a<T>(a_smem[mt], sQ, 16 * (warp * T::kMTiles + mt), ks);
+        }
+#pragma unroll
+        for (int jn = 0; jn < T::kNTiles; jn += 2) {
+          uint32_t bk[4];
+          int mi = lane >> 3;
+          ptx::warp_ldmatrix_x4(bk, sKs + swizzle<T::kChunks>(8 * (jn + (mi >> 1)) + (lane & 7), 2 * ks + (mi & 1)));
+#pragma unroll
+          for (int mt = 0; mt < T::kMTiles; ++mt) {
+            const uint32_t(&a)[4] = T::kQInRegs ? q_frag[T::kQInRegs ? mt : 0][T::kQInRegs ? ks : 0]
+                                                : a_smem[T::kQInRegs ? 0 : mt];
+            Mma::warp_m16n8k16(acc_s[mt][jn], a, bk[0], bk[1]);
+            Mma::warp_m16n8k16(acc_s[mt][jn + 1], a, bk[2], bk[3]);
+          }
+        }
+      }
+
+      // Softcap, boundary mask, online softmax (src/core/softmax_state.h), rescale O.
+      const bool boundary = tiles.needs_mask(n);
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          float mx = core::neg_inf<float>();
+          // Boundary tiles only: this row's visible keys, relative to the tile's first key (int32:
+          // a tile spans < 2^31 keys; clamped so far-away bounds stay representable).
+          int lo = 0, hi = T::kBlockN;
+          if (boundary) {
+            int64_t row = r0 + 16 * (warp * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN;
+            lo = int(max(min(mask.lo(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
+            hi = int(max(min(mask.hi(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
+          }
+#pragma unroll
+          for (int j = 0; j < T::kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& s = acc_s[mt][j][2 * rr + e];
+              if (softcap) s = ptx::thread_tanh(s * tanh_scale);
+              int col = 8 * j + 2 * t + e;
+              if (col < lo || col >= hi) s = core::neg_inf<float>();
+              mx = fmaxf(mx, s);
+            }
+          mx = ptx::quad_max(mx);
+          float m_new = fmaxf(row_max[mt][rr], mx * c);
+          float factor = core::rescale_factor(row_max[mt][rr], m_new);
+          row_max[mt][rr] = m_new;
+          row_sum[mt][rr] *= factor;
+#pragma unroll
+          for (int j = 0; j < T::kDTiles; ++j) {
+            acc_o[mt][j][2 * rr] *= factor;
+            acc_o[mt][j][2 * rr + 1] *= factor;
+          }
+          const float base = core::exponent_base(m_new);
+#pragma unroll
+          for (int j = 0; j < T::kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& s = acc_s[mt][j][2 * rr + e];
+              s = ptx::thread_exp2(fmaf(s, c, -base));
+              row_sum[mt][rr] += s;
+            }
+        }
+      }
+
+      // P to 16 bits right away (half the registers of S): two S n8 tiles form one k16 A fragment.
+      uint32_t p_frag[T::kMTiles][T::kBlockN / 16][4];
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+          p_frag[mt][kk][0] = ptx::thread_pack2<E>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+          p_frag[mt][kk][1] = ptx::thread_pack2<E>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+          p_frag[mt][kk][2] = ptx::thread_pack2<E>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+          p_frag[mt][kk][3] = ptx::thread_pack2<E>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+        }
+
+      // O += P V, V^T fragments via ldmatrix.trans, each reused by every m-tile.
+#pragma unroll
+      for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+#pragma unroll
+        for (int jd = 0; jd < T::kDTiles; jd += 2) {
+          uint32_t bv[4];
+          int mi = lane >> 3;
+          ptx::warp_ldmatrix_x4_trans(bv, sVs + swizzle<T::kChunks>(16 * kk + 8 * (mi & 1) + (lane & 7), jd + (mi >> 1)));
+#pragma unroll
+          for (int mt = 0; mt < T::kMTiles; ++mt) {
+            Mma::warp_m16n8k16(acc_o[mt][jd], p_frag[mt][kk], bv[0], bv[1]);
+            Mma::warp_m16n8k16(acc_o[mt][jd + 1], p_frag[mt][kk], bv[2], bv[3]);
+          }
+        }
+      }
+
+      // Every warp is done with this stage before it is refilled.
+      __syncthreads();
+      if (n + T::kStages < tiles.n_end) load_kv(n + T::kStages, stage);
+      ptx::thread_cp_async_commit();
+    }
+  }
+
+  // Epilogue: O = o~ / l and lse = m + log l (rows that saw nothing: 0 and -inf), written once.
+  E* o = static_cast<E*>(p.out) + p.o_s.offset(b, q0 + r0, h);
+  float* lse = static_cast<float*>(p.lse);
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float l = ptx::quad_sum(row_sum[mt][rr]);
+      int row = 16 * (warp * T::kMTiles + mt) + g + 8 * rr;
+      if (row >= rows_valid) continue;
+      float inv = core::finalize_scale(l);
+      E* orow = o + int64_t(row) * p.o_s.row;
+#pragma unroll
+      for (int j = 0; j < T::kDTiles; ++j) {
+        int col = 8 * j + 2 * t;
+        if (col < p.head_dim)
+          *reinterpret_cast<uint32_t*>(orow + col) =
+              ptx::thread_pack2<E>(acc_o[mt][j][2 * rr] * inv, acc_o[mt][j][2 * rr + 1] * inv);
+      }
+      if (lse != nullptr && t == 0) lse[p.lse_s.offset(b, q0 + r0 + row, h)] = core::finalize_lse(row_max[mt][rr], l);
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,284 @@
+// GPU forward against the fp64 reference under the accuracy rule: every dtype and head dim, causal,
+// windows, softcap, GQA, varlen with zero-length sequences, awkward sequence lengths, strides.
+// Outputs are poisoned before each run, so an unwritten element fails the comparison.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gpu_util.h"
+
+namespace fa_test {
+namespace {
+
+using flashattn::DType;
+
+struct Case {
+  DType dtype = DType::bf16;
+  int64_t batch = 1, heads_q = 2, heads_kv = 1, seqlen_q = 64, seqlen_k = 64, head_dim = 64;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  std::vector<int32_t> varlen_q, varlen_k;  // per-sequence lengths; varlen when non-empty
+  int64_t pad = 0;                          // extra elements per row: non-contiguous strides
+  bool with_lse = true;
+  double q_scale = 1.0;  // multiplies q: large values stress softcap and overflow handling
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream s;
+  s << flashattn::dtype_name(c.dtype) << " b" << c.batch << " hq" << c.heads_q << " hkv" << c.heads_kv << " sq" << c.seqlen_q
+    << " sk" << c.seqlen_k << " d" << c.head_dim << (c.causal ? " causal" : "") << " win(" << c.window_left << ","
+    << c.window_right << ") cap" << c.softcap << (c.varlen_q.empty() ? "" : " varlen") << " pad" << c.pad;
+  return s.str();
+}
+
+std::vector<int32_t> prefix(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu{0};
+  for (int32_t l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// Runs one case on the GPU and checks out and lse against the reference.
+void check_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(seed);
+  const bool varlen = !c.varlen_q.empty();
+  std::vector<int32_t> cu_q, cu_k;
+  std::vector<int64_t> qs, ks, lse_shape;
+  if (varlen) {
+    cu_q = prefix(c.varlen_q);
+    cu_k = prefix(c.varlen_k);
+    qs = {cu_q.back(), c.heads_q, c.head_dim};
+    ks = {cu_k.back(), c.heads_kv, c.head_dim};
+    lse_shape = {c.heads_q, cu_q.back()};
+  } else {
+    qs = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+    ks = {c.batch, c.seqlen_k, c.heads_kv, c.head_dim};
+    lse_shape = {c.batch, c.heads_q, c.seqlen_q};
+  }
+  HostTensor q(c.dtype, qs, c.pad), k(c.dtype, ks, c.pad), v(c.dtype, ks, c.pad);
+  HostTensor out(c.dtype, qs, c.pad), lse(DType::f32, lse_shape);
+  q.fill_normal(rng, c.q_scale);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  HostTensor cuq_h, cuk_h;
+  if (varlen) {
+    cuq_h = int_tensor(cu_q);
+    cuk_h = int_tensor(cu_k);
+  }
+
+  flashattn::ForwardArgs host;
+  host.q = q.view;
+  host.k = k.view;
+  host.v = v.view;
+  host.out = out.view;
+  host.lse = lse.view;
+  if (varlen) {
+    host.cu_seqlens_q = cuq_h.view;
+    host.cu_seqlens_k = cuk_h.view;
+  }
+  host.options.causal = c.causal;
+  host.options.window_left = c.window_left;
+  host.options.window_right = c.window_right;
+  host.options.softcap = c.softcap;
+  auto ref = flashattn::reference::forward(host);
+  auto plain = flashattn::reference::forward(host, flashattn::reference::Precision::same_as_input);
+
+  DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
+  DeviceTensor dcuq, dcuk;
+  dout.poison();
+  dlse.poison();
+  flashattn::ForwardArgs dev = host;
+  dev.q = dq.view;
+  dev.k = dk.view;
+  dev.v = dv.view;
+  dev.out = dout.view;
+  dev.lse = c.with_lse ? dlse.view : TensorView{};
+  std::unique_ptr<DeviceTensor> cuq_d, cuk_d;
+  if (varlen) {
+    cuq_d = std::make_unique<DeviceTensor>(cuq_h);
+    cuk_d = std::make_unique<DeviceTensor>(cuk_h);
+    dev.cu_seqlens_q = cuq_d->view;
+    dev.cu_seqlens_k = cuk_d->view;
+  }
+  flashattn::forward(dev);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  dout.copy_to(out);
+  dlse.copy_to(lse);
+
+  EXPECT_TRUE(within_rule(out.values(), ref.out, plain.out, c.dtype, 2.0, "out"));
+  if (c.with_lse) {
+    // lse is fp32 from 16-bit inputs: the same rule, against the plain implementation's lse.
+    EXPECT_TRUE(within_rule(lse.values(), ref.lse, plain.lse, c.dtype, 2.0, "lse"));
+  } else {
+    for (double x : lse.values()) ASSERT_TRUE(std::isnan(x)) << "lse was written although absent";
+  }
+}
+
+class GpuForward : public GpuTest {};
+
+TEST_F(GpuForward, EveryHeadDimAndDtype) {
+  uint32_t seed = 1;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int64_t d : {32, 64, 96, 128, 192, 256})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.dtype = dt;
+        c.batch = 2;
+        c.heads_q = 2;
+        c.heads_kv = 1;
+        c.seqlen_q = 113;
+        c.seqlen_k = 113;
+        c.head_dim = d;
+        c.causal = causal;
+        check_case(c, seed++);
+      }
+}
+
+TEST_F(GpuForward, AwkwardSequenceLengths) {
+  uint32_t seed = 100;
+  const std::pair<int64_t, int64_t> lens[] = {{1, 1}, {17, 17}, {1, 300}, {300, 1}, {113, 300}, {300, 113}, {1023, 1023}};
+  for (auto [sq, sk] : lens)
+    for (bool causal : {false, true})
+      for (int64_t d : {64, 128}) {
+        Case c;
+        c.seqlen_q = sq;
+        c.seqlen_k = sk;
+        c.head_dim = d;
+        c.causal = causal;
+        check_case(c, seed++);
+      }
+}
+
+TEST_F(GpuForward, SlidingWindowsAndSoftcap) {
+  uint32_t seed = 200;
+  const std::pair<int64_t, int64_t> windows[] = {{37, 11}, {0, 0}, {100, -1}, {-1, 5}, {5, 200}};
+  for (auto [wl, wr] : windows)
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.seqlen_q = 250;
+      c.seqlen_k = 301;
+      c.head_dim = d;
+      c.window_left = wl;
+      c.window_right = wr;
+      check_case(c, seed++);
+    }
+  for (bool causal : {false, true}) {
+    Case c;
+    c.seqlen_q = 200;
+    c.seqlen_k = 200;
+    c.softcap = 5.f;
+    c.q_scale = 4.0;  // scores well past the cap
+    c.causal = causal;
+    check_case(c, seed++);
+  }
+}
+
+TEST_F(GpuForward, GroupedQueryHeads) {
+  uint32_t seed = 300;
+  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}, {4, 4}}) {
+    Case c;
+    c.heads_q = hq;
+    c.heads_kv = hkv;
+    c.seqlen_q = 130;
+    c.seqlen_k = 130;
+    c.causal = true;
+    c.head_dim = 128;
+    check_case(c, seed++);
+  }
+}
+
+TEST_F(GpuForward, VarlenWithEmptySequences) {
+  uint32_t seed = 400;
+  for (bool causal : {false, true})
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.head_dim = d;
+      c.causal = causal;
+      c.varlen_q = {0, 17, 130, 1, 64, 0};
+      c.varlen_k = {5, 0, 130, 200, 64, 0};
+      c.batch = 6;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      check_case(c, seed++);
+    }
+}
+
+TEST_F(GpuForward, StridesOddHeadDimsAndNoLse) {
+  Case c;
+  c.pad = 8;  // rows stay 16-byte aligned
+  c.seqlen_q = 77;
+  c.seqlen_k = 91;
+  c.causal = true;
+  check_case(c, 500);
+  for (int64_t d : {40, 72, 200}) {  // rounded up to the next kernel head dim
+    Case o;
+    o.head_dim = d;
+    o.seqlen_q = 65;
+    o.seqlen_k = 129;
+    check_case(o, 501 + uint32_t(d));
+  }
+  Case n;
+  n.with_lse = false;
+  check_case(n, 600);
+}
+
+TEST_F(GpuForward, HugeScoresDoNotOverflow) {
+  Case c;
+  c.q_scale = 300.0;  // |q.k| * scale around 1e4
+  c.seqlen_q = 64;
+  c.seqlen_k = 200;
+  check_case(c, 700);
+}
+
+TEST_F(GpuForward, RepeatedRunsAreBitwiseEqual) {
+  std::mt19937 rng(800);
+  HostTensor q(DType::bf16, {2, 300, 4, 128}), k(DType::bf16, {2, 300, 2, 128}), v(DType::bf16, {2, 300, 2, 128});
+  HostTensor out(DType::bf16, {2, 300, 4, 128}), out2(DType::bf16, {2, 300, 4, 128});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  DeviceTensor dq(q), dk(k), dv(v), dout(out);
+  flashattn::ForwardArgs a;
+  a.q = dq.view;
+  a.k = dk.view;
+  a.v = dv.view;
+  a.out = dout.view;
+  a.options.causal = true;
+  flashattn::forward(a);
+  dout.copy_to(out);
+  dout.poison();
+  flashattn::forward(a);
+  dout.copy_to(out2);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.storage, out2.storage);
+}
+
+TEST_F(GpuForward, MisalignedRowsAreRejectedBeforeAnyWrite) {
+  Case c;
+  HostTensor q(DType::bf16, {1, 16, 2, 64}, 4), k(DType::bf16, {1, 16, 1, 64}, 4), v(DType::bf16, {1, 16, 1, 64}, 4);
+  HostTensor out(DType::bf16, {1, 16, 2, 64}, 4);
+  std::mt19937 rng(900);
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  DeviceTensor dq(q), dk(k), dv(v), dout(out);
+  dout.poison();
+  flashattn::ForwardArgs a;
+  a.q = dq.view;
+  a.k = dk.view;
+  a.v = dv.view;
+  a.out = dout.view;
+  try {
+    flashattn::forward(a);
+    FAIL() << "expected an error for 4-element row padding";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.status(), flashattn::Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("'q'"), std::string::npos) << e.what();
+  }
+  dout.copy_to(out);
+  for (double x : out.values()) ASSERT_TRUE(std::isnan(x));
+}
+
+}  // namespace
+}  // namespace fa_test

@@ -1,0 +1,67 @@
+// GPU test helpers: device copies of host tensors (same strides), poisoning, and the skip rule
+// (every GPU test skips with a printed reason where no CUDA device is present).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_util.h"
+
+namespace fa_test {
+
+#define FA_CUDA_OK(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
+  } while (0)
+
+inline std::string no_gpu_reason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
+  if (n == 0) return "no CUDA device present";
+  return "";
+}
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why = no_gpu_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+// A device buffer holding a copy of a host tensor's whole storage, so strides carry over.
+struct DeviceTensor {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  TensorView view;
+
+  DeviceTensor() = default;
+  explicit DeviceTensor(const HostTensor& h) {
+    bytes = h.storage.size();
+    view = h.view;
+    if (bytes > 0) {
+      if (cudaMalloc(&ptr, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+      cudaMemcpy(ptr, h.storage.data(), bytes, cudaMemcpyHostToDevice);
+    }
+    view.data = ptr;
+    view.device = flashattn::DeviceType::cuda;
+    view.device_index = 0;
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() {
+    if (ptr) cudaFree(ptr);
+  }
+  void poison() {
+    if (ptr) cudaMemset(ptr, 0xff, bytes);  // all-ones: NaN in every float format
+  }
+  void copy_to(HostTensor& h) const {
+    if (bytes) cudaMemcpy(h.storage.data(), ptr, bytes, cudaMemcpyDeviceToHost);
+  }
+};
+
+}  // namespace fa_test

@@ -1,0 +1,176 @@
+// Each wrapper of src/cuda/ptx/sm80.cuh against plain CUDA or the fragment layouts it documents.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/ptx/sm80.cuh"
+#include "gpu_util.h"
+
+namespace fa_test {
+namespace {
+
+namespace ptx = flashattn::cuda::ptx;
+
+// cp.async: valid chunks copy, invalid ones zero-fill and read nothing.
+__global__ void cp_async_kernel(const uint4* src, uint4* dst, int n_valid) {
+  __shared__ uint4 buf[32];
+  buf[threadIdx.x] = make_uint4(7, 7, 7, 7);
+  __syncthreads();
+  bool valid = int(threadIdx.x) < n_valid;
+  ptx::thread_cp_async_16(&buf[threadIdx.x], valid ? src + threadIdx.x : src, valid);
+  ptx::thread_cp_async_commit();
+  ptx::thread_cp_async_wait<0>();
+  __syncthreads();
+  dst[threadIdx.x] = buf[threadIdx.x];
+}
+
+// ldmatrix (plain and .trans): a 16x16 tile of indices; each lane reports the 8 values it received.
+__global__ void ldmatrix_kernel(uint16_t* out, bool trans) {
+  __shared__ __align__(16) uint16_t tile[16 * 16];
+  for (int i = threadIdx.x; i < 256; i += 32) tile[i] = uint16_t(i);
+  __syncwarp();
+  int lane = threadIdx.x;
+  uint32_t r[4];
+  // Matrix j = (row block j & 1, col block j >> 1); lane supplies row (lane & 7) of matrix lane >> 3.
+  int mi = lane >> 3, row = 8 * (mi & 1) + (lane & 7), col = 8 * (mi >> 1);
+  if (trans)
+    ptx::warp_ldmatrix_x4_trans(r, &tile[row * 16 + col]);
+  else
+    ptx::warp_ldmatrix_x4(r, &tile[row * 16 + col]);
+  for (int j = 0; j < 4; ++j) {
+    out[lane * 8 + 2 * j] = uint16_t(r[j] & 0xffff);
+    out[lane * 8 + 2 * j + 1] = uint16_t(r[j] >> 16);
+  }
+}
+
+// mma m16n8k16 bf16: A and B given in fragment layout from row-major host matrices.
+__global__ void mma_kernel(const __nv_bfloat16* A, const __nv_bfloat16* B, float* C) {
+  int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  uint32_t a[4];
+  for (int r = 0; r < 4; ++r) {
+    int row = g + 8 * (r & 1), col = 2 * t + 8 * (r >> 1);
+    a[r] = ptx::thread_pack2<__nv_bfloat16>(__bfloat162float(A[row * 16 + col]), __bfloat162float(A[row * 16 + col + 1]));
+  }
+  uint32_t b[2];
+  for (int r = 0; r < 2; ++r) {
+    int k = 2 * t + 8 * r;  // B is K x N row-major
+    b[r] = ptx::thread_pack2<__nv_bfloat16>(__bfloat162float(B[k * 8 + g]), __bfloat162float(B[(k + 1) * 8 + g]));
+  }
+  float c[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  ptx::Mma<__nv_bfloat16>::warp_m16n8k16(c, a, b[0], b[1]);
+  for (int i = 0; i < 4; ++i) C[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = c[i];
+}
+
+__global__ void special_kernel(const float* x, float* e, float* th, float* qmax, float* qsum) {
+  int lane = threadIdx.x;
+  e[lane] = ptx::thread_exp2(x[lane]);
+  th[lane] = ptx::thread_tanh(x[lane]);
+  qmax[lane] = ptx::quad_max(x[lane]);
+  qsum[lane] = ptx::quad_sum(x[lane]);
+}
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  cudaMalloc(&d, h.size() * sizeof(T));
+  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return h;
+}
+
+class Ptx : public GpuTest {};
+
+TEST_F(Ptx, CpAsyncCopiesAndZeroFills) {
+  std::vector<uint32_t> src(32 * 4);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = uint32_t(i * 2654435761u);
+  uint4* d_src = reinterpret_cast<uint4*>(to_device(src));
+  uint4* d_dst = nullptr;
+  FA_CUDA_OK(cudaMalloc(&d_dst, 32 * 16));
+  cp_async_kernel<<<1, 32>>>(d_src, d_dst, 19);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  auto dst = to_host(reinterpret_cast<uint32_t*>(d_dst), 32 * 4);
+  for (int i = 0; i < 32; ++i)
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(dst[i * 4 + w], i < 19 ? src[i * 4 + w] : 0u) << "chunk " << i;
+  cudaFree(d_src);
+  cudaFree(d_dst);
+}
+
+TEST_F(Ptx, LdmatrixMatchesDocumentedLayout) {
+  uint16_t* d_out = nullptr;
+  FA_CUDA_OK(cudaMalloc(&d_out, 32 * 8 * 2));
+  for (bool trans : {false, true}) {
+    ldmatrix_kernel<<<1, 32>>>(d_out, trans);
+    FA_CUDA_OK(cudaDeviceSynchronize());
+    auto got = to_host(d_out, 32 * 8);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int j = 0; j < 4; ++j)
+        for (int e = 0; e < 2; ++e) {
+          int r0 = 8 * (j & 1), c0 = 8 * (j >> 1);
+          // plain: lane holds row lane/4, cols 2(lane%4)+e; trans: column lane/4, rows 2(lane%4)+e.
+          int row = trans ? r0 + 2 * (lane % 4) + e : r0 + lane / 4;
+          int col = trans ? c0 + lane / 4 : c0 + 2 * (lane % 4) + e;
+          EXPECT_EQ(got[lane * 8 + 2 * j + e], row * 16 + col) << "trans " << trans << " lane " << lane << " reg " << j;
+        }
+  }
+  cudaFree(d_out);
+}
+
+TEST_F(Ptx, MmaBf16MatchesHostProduct) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<__nv_bfloat16> A(16 * 16), B(16 * 8);
+  for (auto& x : A) x = __float2bfloat16(n(rng));
+  for (auto& x : B) x = __float2bfloat16(n(rng));
+  auto* dA = to_device(A);
+  auto* dB = to_device(B);
+  float* dC = nullptr;
+  FA_CUDA_OK(cudaMalloc(&dC, 16 * 8 * 4));
+  mma_kernel<<<1, 32>>>(dA, dB, dC);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  auto C = to_host(dC, 16 * 8);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      double ref = 0.5;
+      for (int k = 0; k < 16; ++k) ref += double(__bfloat162float(A[i * 16 + k])) * __bfloat162float(B[k * 8 + j]);
+      EXPECT_NEAR(C[i * 8 + j], ref, 1e-4) << i << "," << j;
+    }
+  cudaFree(dA);
+  cudaFree(dB);
+  cudaFree(dC);
+}
+
+TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i) x[i] = -12.f + 0.77f * float(i);
+  x[5] = -INFINITY;
+  float* dx = to_device(x);
+  float* d[4];
+  for (auto& p : d) FA_CUDA_OK(cudaMalloc(&p, 32 * 4));
+  special_kernel<<<1, 32>>>(dx, d[0], d[1], d[2], d[3]);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  auto e = to_host(d[0], 32), th = to_host(d[1], 32), mx = to_host(d[2], 32), sm = to_host(d[3], 32);
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_NEAR(e[i], std::exp2(double(x[i])), 4e-7 * std::exp2(double(x[i])) + 1e-30) << i;
+    if (std::isfinite(x[i])) EXPECT_NEAR(th[i], std::tanh(double(x[i])), 1e-3) << i;
+    float qm = -INFINITY, qs = 0.f;
+    for (int j = i & ~3; j < (i & ~3) + 4; ++j) {
+      qm = std::fmax(qm, x[j]);
+      qs += x[j];
+    }
+    EXPECT_EQ(mx[i], qm) << i;
+    EXPECT_FLOAT_EQ(sm[i], qs) << i;
+  }
+  EXPECT_EQ(e[5], 0.f);  // exp2(-inf) = 0: what masked scores rely on
+  cudaFree(dx);
+  for (auto p : d) cudaFree(p);
+}
+
+}  // namespace
+}  // namespace fa_test
