@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/block_range.h"
 #include "core/params.h"
@@ -41,16 +42,35 @@ struct FwdTraits {
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "mma k16 steps");
 };
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kChunks * 8] shared tile. The
-// chunk index is XOR-swizzled so that the 8 rows an ldmatrix reads (same logical chunk) hit 8
-// different 16-byte bank groups: rows of 128-byte multiples XOR the low 3 chunk bits with row % 8;
-// rows of 64 B mod 128 (head dims 32, 96) pair up rows, so they XOR the low 2 bits with row/2 % 4.
+// Shared tiles are [rows][kChunks * 8] elements, stored in 16-byte chunks whose index is
+// XOR-swizzled so that the 8 rows an ldmatrix reads (same logical chunk) hit 8 different 16-byte
+// bank groups: rows of a 128-byte multiple XOR the low 3 chunk bits with row % 8; rows of 64 B mod
+// 128 (head dims 32, 96) pair up rows, so they XOR the low 2 chunk bits with (row / 2) % 4.
 template <int kChunks>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
+struct Swizzle {
   static_assert(kChunks % 4 == 0, "head dim must be a multiple of 32");
-  int phys = (kChunks % 8 == 0) ? (chunk ^ (row & 7)) : (chunk ^ ((row >> 1) & 3));
-  return row * kChunks * 8 + phys * 8;
-}
+  static constexpr int kMask = kChunks % 8 == 0 ? 7 : 3;
+  __device__ __forceinline__ static int row_bits(int row) { return kMask == 7 ? (row & 7) : ((row >> 1) & 3); }
+  // Element offset of (row, chunk).
+  __device__ __forceinline__ static int offset(int row, int chunk) {
+    return row * kChunks * 8 + ((chunk & ~kMask) | ((chunk & kMask) ^ row_bits(row))) * 8;
+  }
+};
+
+// The rows one lane addresses in an ldmatrix sweep: row `row + row_hi` and chunk `chunk + bit`,
+// where row_hi (a multiple of 8) and the even chunk are compile-time constants of unrolled loops
+// and row / bit are the lane's own. Since row_hi keeps the row's swizzle bits and bit only touches
+// chunk bit 0, the address is a per-lane base plus a constant plus one XOR, instead of a full
+// swizzle evaluation per ldmatrix (which dominated the instruction count).
+template <int kChunks>
+struct LaneRows {
+  using Sw = Swizzle<kChunks>;
+  int base, x;
+  __device__ __forceinline__ LaneRows(int row, int bit) : base(row * kChunks * 8), x(Sw::row_bits(row) ^ bit) {}
+  __device__ __forceinline__ int at(int row_hi, int chunk) const {
+    return base + row_hi * kChunks * 8 + ((chunk & ~Sw::kMask) | ((chunk & Sw::kMask) ^ x)) * 8;
+  }
+};
 
 // All threads: copy rows [0, kRows) x chunks of a global tile into shared memory; rows past
 // `rows_valid` and chunks past `chunks_valid` (head dims below the kernel's) are zero-filled, so
@@ -71,7 +91,7 @@ __device__ __forceinline__ void block_load_tile(typename T::Element* smem, const
     for (int step = 0; step < kRows / kRowsPerStep; ++step) {
       int row = row0 + step * kRowsPerStep;
       bool valid = chunk_ok && row < rows_valid;
-      ptx::thread_cp_async_16(smem + swizzle<T::kChunks>(row, chunk), valid ? src : gmem, valid);
+      ptx::thread_cp_async_16(smem + Swizzle<T::kChunks>::offset(row, chunk), valid ? src : gmem, valid);
       src += kRowsPerStep * row_stride;
     }
   } else {  // head dim 96: 12 chunks per row do not divide the thread count
@@ -81,19 +101,15 @@ __device__ __forceinline__ void block_load_tile(typename T::Element* smem, const
       int row = i / T::kChunks, chunk = i % T::kChunks;
       bool valid = row < rows_valid && chunk < chunks_valid;
       const typename T::Element* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
-      ptx::thread_cp_async_16(smem + swizzle<T::kChunks>(row, chunk), src, valid);
+      ptx::thread_cp_async_16(smem + Swizzle<T::kChunks>::offset(row, chunk), src, valid);
     }
   }
 }
 
-// One warp: the A fragments (16 rows x 16 cols) of m-tile rows starting at `row0`, k-step `ks`.
-template <class T>
-__device__ __forceinline__ void warp_load_a(uint32_t (&a)[4], const typename T::Element* sQ, int row0, int ks) {
-  int lane = threadIdx.x & 31;
-  ptx::warp_ldmatrix_x4(a, sQ + swizzle<T::kChunks>(row0 + (lane & 15), 2 * ks + (lane >> 4)));
-}
-
-template <class T>
+// kSoftcap is a template flag (the launcher picks one of two kernels) and the boundary mask a
+// per-tile template branch: as run-time tests inside the tile loop the compiler if-converts them
+// into predicated code that costs issue slots on every tile.
+template <class T, bool kSoftcap>
 __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_constant__ core::ForwardParams p) {
   using E = typename T::Element;
   using Mma = ptx::Mma<E>;
@@ -130,9 +146,8 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
   // Scores enter exp2 as fma(u, c, -base): u is the raw q.k (or tanh of it under softcap) and c
   // folds the softmax scale (and softcap) with log2(e), so the max is taken on u and the exponent
   // costs one FMA. c > 0 is guaranteed by validation.
-  const bool softcap = p.softcap > 0.f;
-  const float c = float(core::kLog2e) * (softcap ? p.softcap : p.scale);
-  const float tanh_scale = softcap ? p.scale / p.softcap : 0.f;
+  const float c = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
+  const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
 
   float acc_o[T::kMTiles][T::kDTiles][4];
   float row_max[T::kMTiles][2], row_sum[T::kMTiles][2];  // exp2-domain max; thread-partial sum
@@ -145,6 +160,14 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
     row_max[mt][0] = row_max[mt][1] = core::neg_inf<float>();
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
+
+  // Lane address plans (see LaneRows): Q A-fragments (rows lane % 16, chunk bit lane / 16), K
+  // B-fragments (two n8 tiles: rows 8 * (mi / 2) + lane % 8, chunk bit mi % 2) and V^T B-fragments
+  // (rows 8 * (mi % 2) + lane % 8, chunk bit mi / 2), with mi = lane / 8 the ldmatrix matrix index.
+  const int mi = lane >> 3;
+  const LaneRows<T::kChunks> q_rows(16 * warp * T::kMTiles + (lane & 15), lane >> 4);
+  const LaneRows<T::kChunks> k_rows(8 * (mi >> 1) + (lane & 7), mi & 1);
+  const LaneRows<T::kChunks> v_rows(8 * (mi & 1) + (lane & 7), mi >> 1);
 
   if (!tiles.empty()) {
     block_load_tile<T, T::kBlockM>(sQ, q, p.q_s.row, rows_valid, chunks_valid);
@@ -163,7 +186,9 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
     }
 
     uint32_t q_frag[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4];
-    for (int64_t n = tiles.n_begin, it = 0; n < tiles.n_end; ++n, ++it) {
+    // One K/V tile: S = Q K^T, softmax, O += P V, then refill the stage.
+    auto step = [&](int64_t n, int64_t it, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
       ptx::thread_cp_async_wait<T::kStages - 1>();
       __syncthreads();
       const int stage = int(it % T::kStages);
@@ -174,7 +199,7 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
 #pragma unroll
           for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
-            for (int ks = 0; ks < T::kKSteps; ++ks) warp_load_a<T>(q_frag[mt][ks], sQ, 16 * (warp * T::kMTiles + mt), ks);
+            for (int ks = 0; ks < T::kKSteps; ++ks) ptx::warp_ldmatrix_x4(q_frag[mt][ks], sQ + q_rows.at(16 * mt, 2 * ks));
         }
       }
 
@@ -192,13 +217,12 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
         uint32_t a_smem[T::kQInRegs ? 1 : T::kMTiles][4];
         if constexpr (!T::kQInRegs) {
 #pragma unroll
-          for (int mt = 0; mt < T::kMTiles; ++mt) warp_load_a<T>(a_smem[mt], sQ, 16 * (warp * T::kMTiles + mt), ks);
+          for (int mt = 0; mt < T::kMTiles; ++mt) ptx::warp_ldmatrix_x4(a_smem[mt], sQ + q_rows.at(16 * mt, 2 * ks));
         }
 #pragma unroll
         for (int jn = 0; jn < T::kNTiles; jn += 2) {
           uint32_t bk[4];
-          int mi = lane >> 3;
-          ptx::warp_ldmatrix_x4(bk, sKs + swizzle<T::kChunks>(8 * (jn + (mi >> 1)) + (lane & 7), 2 * ks + (mi & 1)));
+          ptx::warp_ldmatrix_x4(bk, sKs + k_rows.at(8 * jn, 2 * ks));
 #pragma unroll
           for (int mt = 0; mt < T::kMTiles; ++mt) {
             const uint32_t(&a)[4] = T::kQInRegs ? q_frag[T::kQInRegs ? mt : 0][T::kQInRegs ? ks : 0]
@@ -209,31 +233,43 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
         }
       }
 
-      // Softcap, boundary mask, online softmax (src/core/softmax_state.h), rescale O.
-      const bool boundary = tiles.needs_mask(n);
+      // Softcap and the boundary mask in their own passes: both are uniform across the CTA, and
+      // keeping their tests out of the softmax loop matters where per-element work binds (d = 64).
+      if constexpr (kSoftcap) {
+#pragma unroll
+        for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < T::kNTiles; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc_s[mt][j][i] = ptx::thread_tanh(acc_s[mt][j][i] * tanh_scale);
+      }
+      if constexpr (kMasked) {
+#pragma unroll
+        for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            // This row's visible keys relative to the tile's first key, clamped to [0, kBlockN].
+            int64_t row = r0 + 16 * (warp * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN;
+            int lo = int(max(min(mask.lo(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
+            int hi = int(max(min(mask.hi(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
+#pragma unroll
+            for (int j = 0; j < T::kNTiles; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                int col = 8 * j + 2 * t + e;
+                if (col < lo || col >= hi) acc_s[mt][j][2 * rr + e] = core::neg_inf<float>();
+              }
+          }
+      }
+
+      // Online softmax (src/core/softmax_state.h): new max, rescale O and l, P = exp2(u*c - base).
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           float mx = core::neg_inf<float>();
-          // Boundary tiles only: this row's visible keys, relative to the tile's first key (int32:
-          // a tile spans < 2^31 keys; clamped so far-away bounds stay representable).
-          int lo = 0, hi = T::kBlockN;
-          if (boundary) {
-            int64_t row = r0 + 16 * (warp * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN;
-            lo = int(max(min(mask.lo(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
-            hi = int(max(min(mask.hi(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
-          }
 #pragma unroll
-          for (int j = 0; j < T::kNTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& s = acc_s[mt][j][2 * rr + e];
-              if (softcap) s = ptx::thread_tanh(s * tanh_scale);
-              int col = 8 * j + 2 * t + e;
-              if (col < lo || col >= hi) s = core::neg_inf<float>();
-              mx = fmaxf(mx, s);
-            }
+          for (int j = 0; j < T::kNTiles; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * rr], acc_s[mt][j][2 * rr + 1]));
           mx = ptx::quad_max(mx);
           float m_new = fmaxf(row_max[mt][rr], mx * c);
           float factor = core::rescale_factor(row_max[mt][rr], m_new);
@@ -274,8 +310,7 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
 #pragma unroll
         for (int jd = 0; jd < T::kDTiles; jd += 2) {
           uint32_t bv[4];
-          int mi = lane >> 3;
-          ptx::warp_ldmatrix_x4_trans(bv, sVs + swizzle<T::kChunks>(16 * kk + 8 * (mi & 1) + (lane & 7), jd + (mi >> 1)));
+          ptx::warp_ldmatrix_x4_trans(bv, sVs + v_rows.at(16 * kk, jd));
 #pragma unroll
           for (int mt = 0; mt < T::kMTiles; ++mt) {
             Mma::warp_m16n8k16(acc_o[mt][jd], p_frag[mt][kk], bv[0], bv[1]);
@@ -288,6 +323,12 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
       __syncthreads();
       if (n + T::kStages < tiles.n_end) load_kv(n + T::kStages, stage);
       ptx::thread_cp_async_commit();
+    };
+    for (int64_t n = tiles.n_begin, it = 0; n < tiles.n_end; ++n, ++it) {
+      if (tiles.needs_mask(n))
+        step(n, it, std::true_type{});
+      else
+        step(n, it, std::false_type{});
     }
   }
 

@@ -12,7 +12,7 @@ template <int kHeadDim, class Element, int kArch>
 void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
   constexpr PortableFwdTile tile = portable_fwd_tile<kArch>(kHeadDim);
   using T = sm80::FwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.m_tiles, tile.stages, tile.q_in_regs>;
-  auto kernel = sm80::forward_kernel<T>;
+  auto kernel = p.softcap > 0.f ? sm80::forward_kernel<T, true> : sm80::forward_kernel<T, false>;
   // Above 48 KB a kernel must opt in to its dynamic shared memory.
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(forward, shared memory)");
