@@ -1,0 +1,8 @@
+// The backward tile arithmetic compiled for AVX2 + FMA (the build gives *_avx2.cpp files those
+// flags); backward.cpp calls it only on CPUs that report both. Register blocks of 4 x 2 ymm.
+#include "cpu/backward_tile_impl.h"
+
+namespace flashattn::cpu::bwd {
+TileOps<float> avx2_ops_f32() { return make_ops<float, 8, 2>(); }
+TileOps<double> avx2_ops_f64() { return make_ops<double, 4, 2>(); }
+}  // namespace flashattn::cpu::bwd

@@ -1,0 +1,70 @@
+// Element and tile movement between the user's strided tensors (any storage dtype) and the dense
+// accumulator-precision tiles the CPU backward and merge work on. Acc is float for f16/bf16/f32
+// storage and double for f64 (which must never round through float).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/numeric.h"
+#include "core/params.h"
+
+namespace flashattn::cpu {
+
+template <class Acc, class T>
+inline Acc load_acc(const T* p) {
+  if constexpr (std::is_same_v<T, double>) {
+    return Acc(*p);
+  } else {
+    return Acc(core::load_as_float(p));
+  }
+}
+
+template <class T, class Acc>
+inline T store_as(Acc x) {
+  if constexpr (std::is_same_v<T, double>) {
+    return T(x);
+  } else {
+    return core::from_float<T>(float(x));
+  }
+}
+
+// Rows [tok0, tok0 + rows) of head h of a token-major tensor into dst[tile_rows][d] (row-major);
+// rows past `rows` are zero, so a partial tile behaves like a full one whose extra rows are masked.
+template <class T, class Acc>
+void load_tile(Acc* dst, int64_t tile_rows, const void* src, const core::Strides& s, int64_t b, int64_t tok0,
+               int64_t rows, int64_t h, int64_t d) {
+  const T* base = static_cast<const T*>(src);
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = base + s.offset(b, tok0 + i, h);
+    for (int64_t x = 0; x < d; ++x) dst[i * d + x] = load_acc<Acc>(row + x);
+  }
+  std::fill(dst + rows * d, dst + tile_rows * d, Acc(0));
+}
+
+// The same rows, transposed: dst[d][tile_rows], dst[x][i] = row i, element x (zero for padding).
+// Transposing while converting costs no extra pass over the tile.
+template <class T, class Acc>
+void load_tile_transposed(Acc* dst, int64_t tile_rows, const void* src, const core::Strides& s, int64_t b,
+                          int64_t tok0, int64_t rows, int64_t h, int64_t d) {
+  const T* base = static_cast<const T*>(src);
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = base + s.offset(b, tok0 + i, h);
+    for (int64_t x = 0; x < d; ++x) dst[x * tile_rows + i] = load_acc<Acc>(row + x);
+  }
+  for (int64_t x = 0; x < d; ++x) std::fill(dst + x * tile_rows + rows, dst + (x + 1) * tile_rows, Acc(0));
+}
+
+// The first `rows` rows of an accumulator tile, times `mul`, into head h of a strided tensor.
+template <class T, class Acc>
+void store_tile(void* dst, const core::Strides& s, int64_t b, int64_t tok0, int64_t rows, int64_t h, int64_t d,
+                const Acc* src, Acc mul) {
+  T* base = static_cast<T*>(dst);
+  for (int64_t i = 0; i < rows; ++i) {
+    T* row = base + s.offset(b, tok0 + i, h);
+    for (int64_t x = 0; x < d; ++x) row[x] = store_as<T>(src[i * d + x] * mul);
+  }
+}
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,54 @@
+// The arithmetic of one (query tile, key tile) step of the CPU backward, behind a table of
+// function pointers so that the same source (backward_tile_impl.h) runs compiled for plain x86-64
+// (backward_portable.cpp) or for AVX2 + FMA (backward_avx2.cpp), picked once at run time.
+//
+// All tiles are dense, row-major, in accumulator precision T (float, or double for f64), padded to
+// full size with zero rows: a padded query row has base = +inf (so P = 0) and a padded key column
+// is outside every row's visible range (block_range.h puts a partial last key tile in the masked
+// set), so padding never reaches a gradient.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cpu::bwd {
+
+template <class T>
+struct TileStep {
+  int64_t bm = 0, bn = 0, d = 0;  // query rows, keys, head dim (bm and bn multiples of 4, d of 8)
+  const T* q = nullptr;           // [bm][d]
+  const T* dout = nullptr;        // [bm][d]
+  const T* k = nullptr;           // [bn][d], read by the dq step only
+  const T* kt = nullptr;          // [d][bn]
+  const T* vt = nullptr;          // [d][bn]
+  const T* base = nullptr;        // [bm] lse * log2(e), +inf for rows that contribute nothing
+  const T* delta = nullptr;       // [bm] D = rowsum(dO o O)
+  const int64_t* lo = nullptr;    // [bm] visible keys of each row are [lo, hi) (read when masked)
+  const int64_t* hi = nullptr;
+  int64_t n0 = 0;                 // key index of the tile's first column
+  bool masked = false;            // the tile needs the element-wise mask
+  T score_mul = 0;                // no softcap: scale * log2(e); softcap: scale / softcap
+  T cap_mul = 0;                  // softcap * log2(e), or 0 when there is no softcap
+
+  T* p = nullptr;      // scratch [bm][bn]: P, then dS
+  T* dp = nullptr;     // scratch [bm][bn]: dP
+  T* deriv = nullptr;  // scratch [bm][bn]: 1 - tanh^2 (softcap only)
+  // Gradient accumulators, unscaled (the caller multiplies by the softmax scale). Double even for
+  // float math: each step adds one tile's float sums, so the rounding of a gradient stays that of
+  // a 64-term float sum instead of growing with the sequence length.
+  double* dk = nullptr;  // [bn][d]
+  double* dv = nullptr;  // [bn][d]
+  double* dq = nullptr;  // [bm][d]
+};
+
+template <class T>
+struct TileOps {
+  void (*dkdv)(const TileStep<T>&);  // dV += P^T dO, dK += dS^T Q
+  void (*dq)(const TileStep<T>&);    // dQ += dS K
+};
+
+TileOps<float> portable_ops_f32();
+TileOps<double> portable_ops_f64();
+TileOps<float> avx2_ops_f32();
+TileOps<double> avx2_ops_f64();
+
+}  // namespace flashattn::cpu::bwd

@@ -1,0 +1,366 @@
+// The CPU backward against the fp64 reference (accuracy rule, factor 3), finite differences of the
+// documented forward, the option matrix, masked-row semantics and determinism.
+//
+// The out and lse the backward reads come from reference::forward (rounded to the input dtype), so
+// these tests do not depend on the CPU forward; one test runs the real forward first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.hpp"
+#include "reference/reference.h"
+#include "test_util.h"
+
+namespace {
+
+using flashattn::BackwardArgs;
+using flashattn::DType;
+using flashattn::ForwardArgs;
+using fa_test::HostTensor;
+namespace reference = flashattn::reference;
+
+struct Case {
+  std::string name;
+  DType dtype = DType::f32;
+  int64_t batch = 2, sq = 77, sk = 131, hq = 4, hkv = 2, d = 64;
+  bool causal = false;
+  int64_t wl = -1, wr = -1;
+  float softcap = 0.f;
+  std::vector<int32_t> cu_q, cu_k;  // varlen when set (batch is then cu_q.size() - 1)
+  int64_t pad = 0;                  // extra elements per row: non-contiguous tensors
+  int threads = 0;
+};
+
+// A backward problem: random q, k, v, dout; out and lse from the fp64 reference forward.
+struct Problem {
+  HostTensor q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k;
+  flashattn::AttnOptions opts;
+
+  explicit Problem(const Case& c, uint32_t seed = 1) {
+    const bool varlen = !c.cu_q.empty();
+    const DType lse_t = c.dtype == DType::f64 ? DType::f64 : DType::f32;
+    if (varlen) {
+      const int64_t tq = c.cu_q.back(), tk = c.cu_k.back();
+      q = HostTensor(c.dtype, {tq, c.hq, c.d}, c.pad);
+      k = HostTensor(c.dtype, {tk, c.hkv, c.d}, c.pad);
+      lse = HostTensor(lse_t, {c.hq, tq}, c.pad);
+      cu_q = fa_test::int_tensor(c.cu_q);
+      cu_k = fa_test::int_tensor(c.cu_k);
+    } else {
+      q = HostTensor(c.dtype, {c.batch, c.sq, c.hq, c.d}, c.pad);
+      k = HostTensor(c.dtype, {c.batch, c.sk, c.hkv, c.d}, c.pad);
+      lse = HostTensor(lse_t, {c.batch, c.hq, c.sq}, c.pad);
+    }
+    auto like = [&](const HostTensor& t) {
+      std::vector<int64_t> shape(t.view.shape, t.view.shape + t.view.rank);
+      return HostTensor(c.dtype, shape, c.pad);
+    };
+    v = like(k);
+    out = like(q);
+    dout = like(q);
+    dq = like(q);
+    dk = like(k);
+    dv = like(k);
+    std::mt19937 rng(seed);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    dout.fill_normal(rng);
+    opts.causal = c.causal;
+    opts.window_left = c.wl;
+    opts.window_right = c.wr;
+    opts.softcap = c.softcap;
+    opts.num_threads = c.threads;
+    reference::Output ref = reference::forward(forward_args());
+    for (int64_t i = 0; i < out.numel(); ++i) out.set(i, ref.out[size_t(i)]);
+    for (int64_t i = 0; i < lse.numel(); ++i) lse.set(i, ref.lse[size_t(i)]);
+  }
+
+  ForwardArgs forward_args() {
+    ForwardArgs a;
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    a.out = out.view;
+    a.lse = lse.view;
+    a.cu_seqlens_q = cu_q.view;
+    a.cu_seqlens_k = cu_k.view;
+    a.options = opts;
+    return a;
+  }
+
+  BackwardArgs args() {
+    BackwardArgs a;
+    a.dout = dout.view;
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    a.out = out.view;
+    a.lse = lse.view;
+    a.dq = dq.view;
+    a.dk = dk.view;
+    a.dv = dv.view;
+    a.cu_seqlens_q = cu_q.view;
+    a.cu_seqlens_k = cu_k.view;
+    a.options = opts;
+    return a;
+  }
+
+  // Poisons the gradients, so an element the kernel misses shows as NaN, and runs the backward.
+  void run() {
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    flashattn::backward(args());
+  }
+};
+
+void expect_matches_reference(Problem& pr, DType dtype) {
+  pr.run();
+  reference::Grads ref = reference::backward(pr.args());
+  reference::Grads plain = reference::backward(pr.args(), reference::Precision::same_as_input);
+  EXPECT_TRUE(fa_test::within_rule(pr.dq.values(), ref.dq, plain.dq, dtype, 3.0, "dq"));
+  EXPECT_TRUE(fa_test::within_rule(pr.dk.values(), ref.dk, plain.dk, dtype, 3.0, "dk"));
+  EXPECT_TRUE(fa_test::within_rule(pr.dv.values(), ref.dv, plain.dv, dtype, 3.0, "dv"));
+}
+
+// ---- accuracy per dtype -----------------------------------------------------------------------
+
+class BackwardDtype : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(BackwardDtype, MatchesReference) {
+  Case c;
+  c.dtype = std::get<0>(GetParam());
+  c.causal = std::get<1>(GetParam());
+  Problem pr(c);
+  expect_matches_reference(pr, c.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BackwardDtype,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(flashattn::dtype_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_causal" : "_full");
+                         });
+
+// ---- the option matrix ------------------------------------------------------------------------
+
+Case make(std::string name, DType dtype = DType::f32) {
+  Case c;
+  c.name = std::move(name);
+  c.dtype = dtype;
+  return c;
+}
+
+std::vector<Case> option_cases() {
+  std::vector<Case> v;
+  Case c = make("window");
+  c.wl = 9, c.wr = 4;
+  v.push_back(c);
+  c = make("window_left_only_bf16", DType::bf16);
+  c.wl = 20;
+  v.push_back(c);
+  c = make("causal_window_f16", DType::f16);
+  c.causal = true, c.wl = 30;
+  v.push_back(c);
+  c = make("softcap");
+  c.softcap = 1.5f;
+  v.push_back(c);
+  c = make("softcap_causal_bf16", DType::bf16);
+  c.softcap = 2.f, c.causal = true;
+  v.push_back(c);
+  for (int64_t hkv : {4, 2, 1}) {
+    c = make("gqa_group" + std::to_string(4 / hkv));
+    c.hkv = hkv, c.causal = true;
+    v.push_back(c);
+  }
+  c = make("varlen_with_empty_sequences");
+  c.cu_q = {0, 5, 5, 80, 81, 81, 150};
+  c.cu_k = {0, 0, 37, 100, 229, 240, 240};
+  v.push_back(c);
+  c = make("varlen_causal_window_bf16", DType::bf16);
+  c.cu_q = {0, 70, 70, 71, 200};
+  c.cu_k = {0, 65, 66, 66, 130};
+  c.causal = true, c.wl = 17;
+  v.push_back(c);
+  c = make("seqlen_one");
+  c.sq = 1, c.sk = 1;
+  v.push_back(c);
+  c = make("one_query_many_keys_causal");
+  c.sq = 1, c.sk = 200, c.causal = true;
+  v.push_back(c);
+  c = make("more_queries_than_keys_causal");
+  c.sq = 150, c.sk = 41, c.causal = true;
+  v.push_back(c);
+  c = make("tile_plus_minus_one");
+  c.sq = 65, c.sk = 63, c.causal = true;
+  v.push_back(c);
+  c = make("strided_f16", DType::f16);
+  c.pad = 3, c.causal = true, c.hkv = 1;
+  v.push_back(c);
+  c = make("head_dim_32");
+  c.d = 32, c.sq = 100, c.sk = 100;
+  v.push_back(c);
+  c = make("head_dim_72");  // not a multiple of the AVX2 register block
+  c.d = 72, c.causal = true;
+  v.push_back(c);
+  c = make("head_dim_256_bf16", DType::bf16);  // the narrower tiles of wide heads
+  c.d = 256, c.sq = 45, c.sk = 90, c.hq = 2, c.hkv = 1, c.batch = 1, c.wl = 40, c.wr = 10;
+  v.push_back(c);
+  c = make("f64_everything", DType::f64);
+  c.causal = true, c.softcap = 3.f, c.wl = 25, c.pad = 2;
+  v.push_back(c);
+  return v;
+}
+
+class BackwardOptions : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardOptions, MatchesReference) {
+  Problem pr(GetParam());
+  expect_matches_reference(pr, GetParam().dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BackwardOptions, ::testing::ValuesIn(option_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ---- semantics of rows and keys that see nothing ------------------------------------------------
+
+// Causal with more queries than keys: with bottom-right alignment the first sq - sk rows see no
+// key, so their lse is -inf and their dq must be exactly 0. A left window of 2 with more keys than
+// queries leaves the first keys unseen by every row: their dk and dv must be exactly 0.
+TEST(BackwardMasked, EmptyRowsAndUnseenKeysGetZeroGradients) {
+  for (bool more_queries : {true, false}) {
+    Case c;
+    c.batch = 1;
+    c.hq = 2, c.hkv = 1;
+    c.causal = true;
+    if (more_queries) {
+      c.sq = 90, c.sk = 20;
+    } else {
+      c.sq = 20, c.sk = 90, c.wl = 2;
+    }
+    Problem pr(c);
+    expect_matches_reference(pr, c.dtype);
+    const int64_t row = c.hq * c.d;
+    if (more_queries) {
+      const int64_t empty_rows = c.sq - c.sk;
+      for (int64_t i = 0; i < empty_rows * row; ++i) ASSERT_EQ(pr.dq.get(i), 0.0) << "dq element " << i;
+    } else {
+      const int64_t unseen_keys = c.sk - c.sq - c.wl;  // row 0 sees keys [sk - sq - wl, sk - sq]
+      for (int64_t i = 0; i < unseen_keys * c.hkv * c.d; ++i) {
+        ASSERT_EQ(pr.dk.get(i), 0.0) << "dk element " << i;
+        ASSERT_EQ(pr.dv.get(i), 0.0) << "dv element " << i;
+      }
+    }
+  }
+}
+
+// lse = -inf is the contract for "this row saw nothing": such a row must contribute nothing and
+// never turn into NaN (exp(s - (-inf)) would be inf, and 0 * inf NaN), even when its out holds
+// garbage (here NaN), which must not leak through D = rowsum(dO o O).
+TEST(BackwardMasked, RowWithInfiniteLseContributesNothing) {
+  Case c;
+  c.batch = 1, c.sq = 60, c.sk = 50;  // rows 0..9 sit on diagonals before key 0
+  c.wl = 0, c.wr = 0, c.hq = c.hkv = 1;  // each row sees exactly its diagonal key
+  Problem pr(c);
+  for (int64_t i = 0; i < 10 * c.d; ++i) pr.out.set(i, std::numeric_limits<double>::quiet_NaN());
+  pr.run();
+  for (int64_t i = 0; i < 10 * c.d; ++i) ASSERT_EQ(pr.dq.get(i), 0.0);
+  for (int64_t i = 0; i < pr.dk.numel(); ++i) {
+    ASSERT_FALSE(std::isnan(pr.dk.get(i)));
+    ASSERT_FALSE(std::isnan(pr.dv.get(i)));
+  }
+  expect_matches_reference(pr, c.dtype);
+}
+
+// ---- finite differences ---------------------------------------------------------------------------
+
+// L(q, k, v) = sum(dout o out(q, k, v)), so dL/dx is what the backward returns. Central differences
+// of the fp64 reference forward on random elements check the backward against the documented
+// forward itself (scale, softcap, bottom-right causal, GQA sums), not against a second backward.
+TEST(BackwardFiniteDifferences, MatchCausalSoftcapGqa) {
+  Case c;
+  c.dtype = DType::f64;
+  c.batch = 1, c.sq = 23, c.sk = 37, c.hq = 4, c.hkv = 2, c.d = 32;
+  c.causal = true, c.softcap = 2.5f;
+  Problem pr(c);
+  pr.run();
+  auto loss = [&]() {
+    reference::Output o = reference::forward(pr.forward_args());
+    std::vector<double> dout = pr.dout.values();
+    double l = 0;
+    for (size_t i = 0; i < o.out.size(); ++i) l += dout[i] * o.out[i];
+    return l;
+  };
+  std::mt19937 rng(7);
+  const double h = 1e-5;
+  struct Wrt {
+    HostTensor* x;
+    HostTensor* grad;
+    const char* name;
+  };
+  for (Wrt w : {Wrt{&pr.q, &pr.dq, "q"}, Wrt{&pr.k, &pr.dk, "k"}, Wrt{&pr.v, &pr.dv, "v"}}) {
+    std::uniform_int_distribution<int64_t> pick(0, w.x->numel() - 1);
+    for (int trial = 0; trial < 6; ++trial) {
+      const int64_t i = pick(rng);
+      const double x0 = w.x->get(i);
+      w.x->set(i, x0 + h);
+      const double lp = loss();
+      w.x->set(i, x0 - h);
+      const double lm = loss();
+      w.x->set(i, x0);
+      const double fd = (lp - lm) / (2 * h), g = w.grad->get(i);
+      EXPECT_NEAR(g, fd, 1e-6 * std::max(1.0, std::fabs(g))) << "d" << w.name << " element " << i;
+    }
+  }
+}
+
+// ---- determinism ----------------------------------------------------------------------------------
+
+std::vector<unsigned char> grads_bytes(const Problem& pr) {
+  std::vector<unsigned char> b = pr.dq.storage;
+  b.insert(b.end(), pr.dk.storage.begin(), pr.dk.storage.end());
+  b.insert(b.end(), pr.dv.storage.begin(), pr.dv.storage.end());
+  return b;
+}
+
+TEST(BackwardDeterminism, BitwiseEqualAcrossRunsAndThreadCounts) {
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    Case c;
+    c.dtype = dtype;
+    c.sq = 200, c.sk = 170, c.hq = 4, c.hkv = 1, c.causal = true;
+    Problem pr(c);
+    pr.opts.num_threads = 1;
+    pr.run();
+    const std::vector<unsigned char> one = grads_bytes(pr);
+    pr.opts.num_threads = 2;
+    pr.run();
+    const std::vector<unsigned char> two = grads_bytes(pr);
+    pr.run();
+    EXPECT_TRUE(one == two) << "1 vs 2 threads differ (" << flashattn::dtype_name(dtype) << ")";
+    EXPECT_TRUE(two == grads_bytes(pr)) << "two runs differ (" << flashattn::dtype_name(dtype) << ")";
+  }
+}
+
+// ---- with the engine's own forward ------------------------------------------------------------------
+
+TEST(BackwardWithForward, GradientsOfTheCpuForward) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Case c;
+    c.dtype = dtype;
+    c.causal = true, c.softcap = 4.f;
+    Problem pr(c);
+    pr.out.poison();
+    pr.lse.poison();
+    flashattn::forward(pr.forward_args());
+    expect_matches_reference(pr, dtype);
+  }
+}
+
+}  // namespace
