@@ -62,6 +62,17 @@ FA_HD T finalize_lse(T m, T l) {
   return l == T(0) ? neg_inf<T>() : (m + log2_(l)) * T(kLn2);
 }
 
+// Lazy max (FlashAttention-4's conditional rescaling): keep the running max unless a block's max
+// exceeds it by more than kLazyRescaleLog2 (exp2 domain). The sums stay exact, just relative to a
+// slightly stale max, so each exp2(s - m) is at most 2^8 = 256: safe in fp32 sums and in fp16/bf16
+// P. Kernels then skip rescaling o~ on most blocks (the factor is exactly 1).
+inline constexpr float kLazyRescaleLog2 = 8.f;
+template <class T>
+FA_HD T lazy_max(T m_old, T block_max) {
+  if (m_old == neg_inf<T>() || block_max > m_old + T(kLazyRescaleLog2)) return block_max > m_old ? block_max : m_old;
+  return m_old;
+}
+
 // Multiplier that turns o~ into o: 1/l, or 0 for a row that saw nothing (out = 0, never NaN).
 template <class T>
 FA_HD T finalize_scale(T l) {

@@ -22,30 +22,37 @@ struct PortableFwdTile {
   constexpr int block_m() const { return 16 * warps * m_tiles; }
 };
 
-// Measured with ptxas -v (CUDA 13.0, sm_90a): two m-tiles per warp (FlashAttention-2's choice)
-// ran out of registers in our kernel at every head dim >= 32 (255 registers plus spills), so every
-// entry uses one m-tile and 8 warps (block_m 128) unless shared memory forbids.
+// Entries for sm90 come from bench/tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048,
+// s = 2k and 8k, causal and not; 2026-11-29), best median of each head dim's candidates:
+//   d=64:  block_n 64, 4 warps, 2 m-tiles (290-309 TFLOP/s) beat 8 warps x 1 m-tile (223-284);
+//   d=128: block_n 64, 4 warps, 1 m-tile, Q in registers (272-318) was best or within 1% except
+//          s=8k causal, where 8 warps x block_n 128 gave 304 vs 301;
+//   d=256: block_n 64, 8 warps (226-293) beat block_n 32 (200-258) and 4 warps (225-270);
+//   3 stages never helped (the K/V ring is not the bottleneck).
+// Two m-tiles per warp halve shared-memory reads per FLOP but, in this kernel, fit in 255
+// registers only up to d=64. Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
 template <int kArch>
 constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
   if constexpr (kArch >= 90) {
-    // H100/H200: 227 KB of shared memory, so two stages everywhere; registers decide the rest.
+    // H100/H200: 227 KB of shared memory per block; registers decide.
     switch (head_dim) {
-      case 32:  return {128, 8, 1, 2, true};   // O 16 + S 64 + Q 8 regs
-      case 64:  return {128, 8, 1, 2, true};   // O 32 + S 64 + Q 16: 240 regs, no spill
-      case 96:  return {64, 8, 1, 2, true};    // O 48 + S 32 + Q 24: 201 regs
-      case 128: return {64, 8, 1, 2, true};    // O 64 + S 32 + Q 32: 224 regs
-      case 192: return {64, 8, 1, 2, false};   // O 96 + S 32; Q re-read from smem (in registers it spills)
-      default:  return {32, 8, 1, 2, false};   // 256: O 128 + S 16; smem Q 64 + 2x2x16 KB K/V = 128 KB
+      case 32:  return {64, 4, 2, 2, false};   // as d=64
+      case 64:  return {64, 4, 2, 2, false};   // measured best; O 64 + S 64 regs, no spill
+      case 96:  return {64, 4, 1, 2, true};    // as d=128
+      case 128: return {64, 4, 1, 2, true};    // measured best; block_m 64, 2 CTAs/SM by registers
+      case 192: return {64, 8, 1, 2, false};   // as d=256
+      default:  return {64, 8, 1, 2, false};   // 256: measured best; smem Q 64 + 2x2x32 KB = 192 KB
     }
   } else {
-    // sm80 build: fit 99 KB per block (sm86/sm89) so one binary serves all of Ampere and Ada.
+    // sm80 build: fit 99 KB per block (sm86/sm89) so one binary serves all of Ampere and Ada
+    // (unmeasured there: shapes follow the sm90 measurements within that budget).
     switch (head_dim) {
-      case 32:  return {128, 8, 1, 2, true};   // smem Q 8 + K/V 2x2x8 KB = 40 KB
-      case 64:  return {128, 8, 1, 2, true};   // 16 + 2x2x16 = 80 KB
-      case 96:  return {64, 8, 1, 2, true};    // 24 + 2x2x12 = 72 KB
-      case 128: return {64, 8, 1, 2, true};    // 32 + 2x2x16 = 96 KB
+      case 32:  return {64, 4, 2, 2, false};   // smem Q 8 + K/V 2x2x4 KB = 24 KB
+      case 64:  return {64, 4, 2, 2, false};   // 16 + 2x2x8 = 48 KB
+      case 96:  return {64, 4, 1, 2, true};    // 12 + 2x2x12 = 60 KB
+      case 128: return {64, 4, 1, 2, true};    // 16 + 2x2x16 = 80 KB
       case 192: return {32, 8, 1, 2, false};   // 48 + 2x2x12 = 96 KB
-      default:  return {32, 4, 1, 2, false};   // 256: block_m 64: 32 + 2x2x16 = 96 KB (block_m 128 needs 128)
+      default:  return {32, 4, 1, 2, false};   // 256: block_m 64: 32 + 2x2x16 = 96 KB
     }
   }
 }

@@ -262,25 +262,37 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
           }
       }
 
-      // Online softmax (src/core/softmax_state.h): new max, rescale O and l, P = exp2(u*c - base).
+      // Online softmax (src/core/softmax_state.h): new (lazy) max per row, then rescale O and l only
+      // when some row of the warp moved its max, then P = exp2(u*c - base).
+      float factor[T::kMTiles][2];
+      bool moved = false;
 #pragma unroll
-      for (int mt = 0; mt < T::kMTiles; ++mt) {
+      for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           float mx = core::neg_inf<float>();
 #pragma unroll
           for (int j = 0; j < T::kNTiles; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * rr], acc_s[mt][j][2 * rr + 1]));
           mx = ptx::quad_max(mx);
-          float m_new = fmaxf(row_max[mt][rr], mx * c);
-          float factor = core::rescale_factor(row_max[mt][rr], m_new);
+          float m_new = core::lazy_max(row_max[mt][rr], mx * c);
+          factor[mt][rr] = core::rescale_factor(row_max[mt][rr], m_new);
           row_max[mt][rr] = m_new;
-          row_sum[mt][rr] *= factor;
+          row_sum[mt][rr] *= factor[mt][rr];
+          moved |= factor[mt][rr] != 1.f;
+        }
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-          for (int j = 0; j < T::kDTiles; ++j) {
-            acc_o[mt][j][2 * rr] *= factor;
-            acc_o[mt][j][2 * rr + 1] *= factor;
-          }
-          const float base = core::exponent_base(m_new);
+        for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < T::kDTiles; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc_o[mt][j][i] *= factor[mt][i >> 1];
+      }
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float base = core::exponent_base(row_max[mt][rr]);
 #pragma unroll
           for (int j = 0; j < T::kNTiles; ++j)
 #pragma unroll
@@ -290,7 +302,6 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
               row_sum[mt][rr] += s;
             }
         }
-      }
 
       // P to 16 bits right away (half the registers of S): two S n8 tiles form one k16 A fragment.
       uint32_t p_frag[T::kMTiles][T::kBlockN / 16][4];
