@@ -109,24 +109,20 @@ void for_shapes(F&& f) {
 int main() {
   for_shapes([](const Problem& pr) {
 #if SWEEP_HDIM == 64
-    time_config<128, 8, 1, 2, true>(pr);
-    time_config<64, 8, 1, 2, true>(pr);
+    time_config<64, 4, 2, 2, false>(pr);
+    time_config<128, 4, 2, 2, false>(pr);
     time_config<128, 4, 1, 2, true>(pr);
-    time_config<64, 4, 2, 2, false>(pr);
-    time_config<128, 8, 1, 3, true>(pr);
 #elif SWEEP_HDIM == 128
-    time_config<64, 8, 1, 2, true>(pr);
-    time_config<128, 8, 1, 2, false>(pr);
     time_config<64, 4, 1, 2, true>(pr);
-    time_config<32, 4, 2, 2, false>(pr);
+    time_config<128, 8, 1, 2, false>(pr);
     time_config<64, 4, 2, 2, false>(pr);
-    time_config<64, 8, 1, 3, true>(pr);
+    time_config<128, 4, 1, 2, false>(pr);
+    time_config<64, 8, 1, 2, true>(pr);
 #else
-    time_config<32, 8, 1, 2, false>(pr);
     time_config<64, 8, 1, 2, false>(pr);
+    time_config<64, 4, 1, 2, false>(pr);
     time_config<32, 4, 1, 2, false>(pr);
-    time_config<16, 8, 1, 2, false>(pr);
-    time_config<32, 8, 1, 3, false>(pr);
+    time_config<128, 8, 1, 2, false>(pr);
 #endif
   });
   return 0;
