@@ -24,13 +24,13 @@ struct PortableFwdTile {
 
 // Entries for sm90 come from bench/tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048,
 // s = 2k and 8k, causal and not; 2026-11-29), best median of each head dim's candidates:
-//   d=64:  block_n 64, 4 warps, 2 m-tiles (290-309 TFLOP/s) beat 8 warps x 1 m-tile (223-284);
-//   d=128: block_n 64, 4 warps, 1 m-tile, Q in registers (272-318) was best or within 1% except
-//          s=8k causal, where 8 warps x block_n 128 gave 304 vs 301;
-//   d=256: block_n 64, 8 warps (226-293) beat block_n 32 (200-258) and 4 warps (225-270);
+//   d=64:  block_n 64, 4 warps, 2 m-tiles (255-315 TFLOP/s) beat 1 m-tile (240-304); block_n 128
+//          was 1-2% faster non-causal and 2% slower causal;
+//   d=128: block_n 64, 4 warps, 2 m-tiles (275-354) beat 1 m-tile with 4 or 8 warps (239-318),
+//          once the lazy rescale (src/core/softmax_state.h) freed registers;
+//   d=256: block_n 64, 8 warps (226-297) beat block_n 32 (200-267) and 4 warps (225-270);
 //   3 stages never helped (the K/V ring is not the bottleneck).
-// Two m-tiles per warp halve shared-memory reads per FLOP but, in this kernel, fit in 255
-// registers only up to d=64. Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
+// Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
 template <int kArch>
 constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
   if constexpr (kArch >= 90) {
@@ -38,8 +38,8 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
     switch (head_dim) {
       case 32:  return {64, 4, 2, 2, false};   // as d=64
       case 64:  return {64, 4, 2, 2, false};   // measured best; O 64 + S 64 regs, no spill
-      case 96:  return {64, 4, 1, 2, true};    // as d=128
-      case 128: return {64, 4, 1, 2, true};    // measured best; block_m 64, 2 CTAs/SM by registers
+      case 96:  return {64, 4, 2, 2, false};   // as d=128
+      case 128: return {64, 4, 2, 2, false};   // measured best; block_m 128, O 128 + S 64 regs
       case 192: return {64, 8, 1, 2, false};   // as d=256
       default:  return {64, 8, 1, 2, false};   // 256: measured best; smem Q 64 + 2x2x32 KB = 192 KB
     }
@@ -49,8 +49,8 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
     switch (head_dim) {
       case 32:  return {64, 4, 2, 2, false};   // smem Q 8 + K/V 2x2x4 KB = 24 KB
       case 64:  return {64, 4, 2, 2, false};   // 16 + 2x2x8 = 48 KB
-      case 96:  return {64, 4, 1, 2, true};    // 12 + 2x2x12 = 60 KB
-      case 128: return {64, 4, 1, 2, true};    // 16 + 2x2x16 = 80 KB
+      case 96:  return {64, 4, 2, 2, false};   // 24 + 2x2x12 = 72 KB
+      case 128: return {64, 4, 2, 2, false};   // 32 + 2x2x16 = 96 KB
       case 192: return {32, 8, 1, 2, false};   // 48 + 2x2x12 = 96 KB
       default:  return {32, 4, 1, 2, false};   // 256: block_m 64: 32 + 2x2x16 = 96 KB
     }
