@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 
@@ -25,10 +26,11 @@
 
 namespace flashattn::cpu {
 
-// Query rows per tile: a multiple of every level's micro-tile width (16, 24, 48), so full tiles
-// need no remainder kernels; large enough that each key row read from memory is used 96 times.
-inline constexpr int64_t kBlockM = 96;
-// Keys per tile: the score tile (64 x 96 floats, 24 KiB) stays in L1 between the softmax and P V.
+// Query rows per tile: a multiple of every level's micro-tile width (24, 48), so full tiles need
+// no remainder kernels; each packed key tile serves 192 rows, which keeps the packing (and the
+// memory traffic behind it) a small share of the arithmetic.
+inline constexpr int64_t kBlockM = 192;
+// Keys per tile: a panel of the score tile (64 keys x one micro-tile of rows) stays in L1 in P V.
 inline constexpr int64_t kBlockN = 64;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -48,18 +50,32 @@ class AlignedArray {
   T* p_;
 };
 
+// Row stride of the packed key / value tiles: the head dimension rounded up to whole cache lines,
+// plus one line when that count is even. Tensors' own row strides are usually large powers of two
+// (heads * d), which map every key row of a tile onto the same few L1 sets; packed rows an odd
+// number of lines apart spread over all sets, so a whole tile stays in L1.
+inline int64_t packed_stride(int64_t d, int64_t elem_bytes) {
+  const int64_t line = 64 / elem_bytes;
+  int64_t lines = ceil_div(d, line);
+  return (lines % 2 == 0 ? lines + 1 : lines) * line;
+}
+
 // One worker's scratch space: O(kBlockM * d + kBlockN * d) values.
 template <class T>
 struct Workspace {
   explicit Workspace(int64_t head_dim)
-      : d(head_dim), qt(d * kBlockM), ot(d * kBlockM), st(kBlockN * kBlockM), kbuf(kBlockN * d), vbuf(kBlockN * d) {}
-  int64_t d;
+      : d(head_dim),
+        ld(packed_stride(head_dim, sizeof(T))),
+        qt(d * kBlockM),
+        ot(d * kBlockM),
+        st(kBlockN * kBlockM),
+        kt(kBlockN * ld),
+        vt(kBlockN * ld) {}
+  int64_t d, ld;
   AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [kBlockN][mpad]
-  AlignedArray<T> kbuf, vbuf;  // widened 16-bit key / value rows, [kBlockN][d]
+  AlignedArray<T> kt, vt;      // the current key / value tile, [kBlockN][ld]
   alignas(64) T m[kBlockM], l[kBlockM], f[kBlockM];
   int64_t lo[kBlockM], hi[kBlockM];  // visible keys [lo, hi) of each row
-  const T* krow[kBlockN];
-  const T* vrow[kBlockN];
   int64_t rows = 0, mpad = 0;
 };
 
@@ -121,24 +137,22 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
   for (int64_t e = 0; e < d * ws.mpad; ++e) ot[e] = T(0);
 }
 
-// Points ws.krow / ws.vrow at keys [k0, k0 + nk): in place for f32 / f64 storage, widened into
-// the workspace for f16 / bf16. key_rows(t) returns the (k, v) row pointers of key t.
+// Packs keys [k0, k0 + nk) into ws.kt / ws.vt: copied for f32 / f64 storage, widened for f16 /
+// bf16. key_rows(t) returns the (k, v) row pointers of key t.
 template <class T, class KeyRows>
 void load_keys(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, int64_t k0, int64_t nk,
                const KeyRows& key_rows) {
-  const bool in_place = (dtype == DType::f32 && sizeof(T) == 4) || (dtype == DType::f64 && sizeof(T) == 8);
+  const bool same_type = dtype_size(dtype) == int64_t(sizeof(T));
   for (int64_t j = 0; j < nk; ++j) {
     auto [k, v] = key_rows(k0 + j);
-    if (in_place) {
-      ws.krow[j] = static_cast<const T*>(k);
-      ws.vrow[j] = static_cast<const T*>(v);
+    T* kd = ws.kt.get() + j * ws.ld;
+    T* vd = ws.vt.get() + j * ws.ld;
+    if (same_type) {
+      std::memcpy(kd, k, size_t(ws.d) * sizeof(T));
+      std::memcpy(vd, v, size_t(ws.d) * sizeof(T));
     } else {
-      T* kd = ws.kbuf.get() + j * ws.d;
-      T* vd = ws.vbuf.get() + j * ws.d;
       kern.widen(k, dtype, kd, ws.d);
       kern.widen(v, dtype, vd, ws.d);
-      ws.krow[j] = kd;
-      ws.vrow[j] = vd;
     }
   }
 }
@@ -155,21 +169,60 @@ void apply_mask(Workspace<T>& ws, int64_t k0, int64_t nk) {
   }
 }
 
+inline int64_t tile_keys(int64_t seqlen_k, int64_t n) {
+  return seqlen_k - n * kBlockN < kBlockN ? seqlen_k - n * kBlockN : kBlockN;
+}
+
+// Software prefetch of the next key tile, issued in small portions between slices of the current
+// tile's arithmetic. Key rows lie one head-stride apart, a pattern the hardware prefetchers do not
+// follow, and a tile's worth of misses issued at once would wait on each other.
+template <class KeyRows>
+class NextTilePrefetch {
+ public:
+  NextTilePrefetch(const KeyRows& key_rows, int64_t k0, int64_t nk, int64_t row_bytes, int64_t portions)
+      : key_rows_(key_rows), k0_(k0), nk_(nk), row_bytes_(row_bytes), per_portion_(ceil_div(2 * nk, portions)) {}
+  void portion() {
+    for (int64_t e = 0; e < per_portion_ && next_ < 2 * nk_; ++e, ++next_) {
+      auto [k, v] = key_rows_(k0_ + next_ / 2);
+      const char* row = static_cast<const char*>(next_ % 2 == 0 ? k : v);
+      for (int64_t b = 0; b < row_bytes_; b += 64) __builtin_prefetch(row + b, 0, 3);
+    }
+  }
+
+ private:
+  const KeyRows& key_rows_;
+  int64_t k0_, nk_, row_bytes_, per_portion_, next_ = 0;
+};
+
+// Rows per slice of the two matrix products, between which the prefetches go: a multiple of
+// every level's micro-tile width.
+inline constexpr int64_t kSliceRows = 48;
+
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
 // tile; `range` says which of them need the element-wise mask.
 template <class T, class KeyRows>
 void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const core::TileRange& range,
                   int64_t n_begin, int64_t n_end, const KeyRows& key_rows) {
-  const int64_t d = ws.d, mpad = ws.mpad;
+  const int64_t d = ws.d, mpad = ws.mpad, sk = cfg.mask.seqlen_k;
+  const int64_t slices = ceil_div(mpad, kSliceRows);
   for (int64_t n = n_begin; n < n_end; ++n) {
-    const int64_t k0 = n * kBlockN;
-    const int64_t nk = cfg.mask.seqlen_k - k0 < kBlockN ? cfg.mask.seqlen_k - k0 : kBlockN;
+    const int64_t k0 = n * kBlockN, nk = tile_keys(sk, n);
     load_keys(ws, kern, cfg.dtype, k0, nk, key_rows);
-    kern.scores(ws.krow, nk, ws.qt.get(), d, mpad, ws.st.get());
+    NextTilePrefetch<KeyRows> prefetch(key_rows, k0 + kBlockN, n + 1 < n_end ? tile_keys(sk, n + 1) : 0,
+                                       d * dtype_size(cfg.dtype), 2 * slices);
+    for (int64_t i0 = 0; i0 < mpad; i0 += kSliceRows) {
+      int64_t rows = mpad - i0 < kSliceRows ? mpad - i0 : kSliceRows;
+      kern.scores(ws.kt.get(), ws.ld, nk, ws.qt.get() + i0, d, rows, mpad, ws.st.get() + i0);
+      prefetch.portion();
+    }
     if (cfg.softcap != T(0)) kern.softcap(ws.st.get(), nk * mpad, cfg.softcap);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk);
     kern.softmax(ws.st.get(), nk, mpad, cfg.exp2_scale, ws.m, ws.l, ws.f);
-    kern.accumulate(ws.vrow, nk, ws.st.get(), mpad, d, ws.f, ws.ot.get());
+    for (int64_t i0 = 0; i0 < mpad; i0 += kSliceRows) {
+      int64_t rows = mpad - i0 < kSliceRows ? mpad - i0 : kSliceRows;
+      kern.accumulate(ws.vt.get(), ws.ld, nk, ws.st.get() + i0, rows, mpad, d, ws.f + i0, ws.ot.get() + i0);
+      prefetch.portion();
+    }
   }
 }
 

@@ -24,7 +24,6 @@ Span span_of(const core::ForwardParams& p, int64_t b) {
 
 struct Task {
   int64_t b, h, r0, r1;
-  int64_t cost;  // key tiles visited
 };
 
 template <class T>
@@ -32,18 +31,16 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern) {
   const int64_t esize = dtype_size(p.dtype), d = p.head_dim;
   auto mask_of = [&](const Span& s) { return core::MaskSpec{s.sq, s.sk, p.window_left, p.window_right}; };
 
+  // Tasks of one head are adjacent, so the threads share that head's K and V in cache; within a
+  // head the last query tiles come first, as with a causal mask they see the most keys and should
+  // not be the ones left running at the end.
   std::vector<Task> tasks;
   for (int64_t b = 0; b < p.batch; ++b) {
-    Span s = span_of(p, b);
-    core::MaskSpec mask = mask_of(s);
-    for (int64_t r0 = 0; r0 < s.sq; r0 += kBlockM) {
-      int64_t r1 = std::min(s.sq, r0 + kBlockM);
-      core::TileRange tr = core::tile_range(mask, r0, r1, kBlockN);
-      for (int64_t h = 0; h < p.heads_q; ++h) tasks.push_back({b, h, r0, r1, tr.n_end - tr.n_begin});
-    }
+    const int64_t sq = span_of(p, b).sq;
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t r0 = (ceil_div(sq, kBlockM) - 1) * kBlockM; r0 >= 0; r0 -= kBlockM)
+        tasks.push_back({b, h, r0, std::min(sq, r0 + kBlockM)});
   }
-  // Longest first, so the causal tiles near the diagonal's end do not finish last on one thread.
-  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
 
   const int workers = workers_for(int64_t(tasks.size()), p.num_threads);
   std::vector<std::unique_ptr<Workspace<T>>> spaces(static_cast<size_t>(workers));

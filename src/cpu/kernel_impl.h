@@ -71,7 +71,7 @@ typename V::reg tanh_poly(typename V::reg y) {
 // A micro-tile of MR keys x NV vectors of query rows, accumulated over the head dimension in
 // registers. Each step broadcasts one value of each key row and multiplies it by NV vectors of Q^T.
 template <class V, int MR, int NV>
-void scores_micro(const typename V::T* const* k, const typename V::T* qt, int64_t d, int64_t mpad,
+void scores_micro(const typename V::T* k, int64_t ldk, const typename V::T* qt, int64_t d, int64_t mpad,
                   typename V::T* st) {
   using reg = typename V::reg;
   reg acc[MR][NV];
@@ -85,7 +85,7 @@ void scores_micro(const typename V::T* const* k, const typename V::T* qt, int64_
     for (int v = 0; v < NV; ++v) q[v] = V::load(qt + x * mpad + v * V::W);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      reg b = V::set1(k[r][x]);
+      reg b = V::set1(k[r * ldk + x]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = V::fma(b, q[v], acc[r][v]);
     }
@@ -98,27 +98,27 @@ void scores_micro(const typename V::T* const* k, const typename V::T* qt, int64_
 
 // Picks the micro-tile for the remainder shapes (mr <= MR keys, nv <= NV vectors) at run time.
 template <class V, int MR, int NV>
-void scores_dispatch(int mr, int nv, const typename V::T* const* k, const typename V::T* qt, int64_t d,
+void scores_dispatch(int mr, int nv, const typename V::T* k, int64_t ldk, const typename V::T* qt, int64_t d,
                      int64_t mpad, typename V::T* st) {
   if constexpr (MR > 1) {
-    if (mr < MR) return scores_dispatch<V, MR - 1, NV>(mr, nv, k, qt, d, mpad, st);
+    if (mr < MR) return scores_dispatch<V, MR - 1, NV>(mr, nv, k, ldk, qt, d, mpad, st);
   }
   if constexpr (NV > 1) {
-    if (nv < NV) return scores_dispatch<V, MR, NV - 1>(mr, nv, k, qt, d, mpad, st);
+    if (nv < NV) return scores_dispatch<V, MR, NV - 1>(mr, nv, k, ldk, qt, d, mpad, st);
   }
-  scores_micro<V, MR, NV>(k, qt, d, mpad, st);
+  scores_micro<V, MR, NV>(k, ldk, qt, d, mpad, st);
 }
 
 template <class V>
-void scores(const typename V::T* const* k, int64_t nk, const typename V::T* qt, int64_t d, int64_t mpad,
-            typename V::T* st) {
+void scores(const typename V::T* k, int64_t ldk, int64_t nk, const typename V::T* qt, int64_t d, int64_t rows,
+            int64_t mpad, typename V::T* st) {
   constexpr int MR = V::kScoreKeys, NV = V::kScoreVecs, W = V::W;
   // Query panels outside: a panel of Q^T (d x NV*W) stays in L1 while the key rows stream.
-  for (int64_t i0 = 0; i0 < mpad; i0 += NV * W) {
-    int nv = int(min_i64(NV, (mpad - i0) / W));
+  for (int64_t i0 = 0; i0 < rows; i0 += NV * W) {
+    int nv = int(min_i64(NV, (rows - i0) / W));
     for (int64_t j = 0; j < nk; j += MR) {
       int mr = int(min_i64(MR, nk - j));
-      scores_dispatch<V, MR, NV>(mr, nv, k + j, qt + i0, d, mpad, st + j * mpad + i0);
+      scores_dispatch<V, MR, NV>(mr, nv, k + j * ldk, ldk, qt + i0, d, mpad, st + j * mpad + i0);
     }
   }
 }
@@ -127,8 +127,8 @@ void scores(const typename V::T* const* k, int64_t nk, const typename V::T* qt, 
 // A micro-tile of MR head-dimension rows x NV vectors of query rows; the old values are rescaled
 // by the row factors f as they are loaded, so the rescale costs no extra pass over o~.
 template <class V, int MR, int NV>
-void accumulate_micro(const typename V::T* const* vrows, int64_t nk, int64_t x0, const typename V::T* pt,
-                      int64_t mpad, const typename V::T* f, typename V::T* ot) {
+void accumulate_micro(const typename V::T* vt, int64_t ldv, int64_t nk, const typename V::T* pt, int64_t mpad,
+                      const typename V::T* f, typename V::T* ot) {
   using reg = typename V::reg;
   reg acc[MR][NV];
 #pragma GCC unroll 4
@@ -141,7 +141,7 @@ void accumulate_micro(const typename V::T* const* vrows, int64_t nk, int64_t x0,
     reg p[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) p[v] = V::load(pt + j * mpad + v * V::W);
-    const typename V::T* vr = vrows[j] + x0;
+    const typename V::T* vr = vt + j * ldv;
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       reg b = V::set1(vr[r]);
@@ -156,27 +156,27 @@ void accumulate_micro(const typename V::T* const* vrows, int64_t nk, int64_t x0,
 }
 
 template <class V, int MR, int NV>
-void accumulate_dispatch(int mr, int nv, const typename V::T* const* vrows, int64_t nk, int64_t x0,
-                         const typename V::T* pt, int64_t mpad, const typename V::T* f, typename V::T* ot) {
+void accumulate_dispatch(int mr, int nv, const typename V::T* vt, int64_t ldv, int64_t nk, const typename V::T* pt,
+                         int64_t mpad, const typename V::T* f, typename V::T* ot) {
   if constexpr (MR > 1) {
-    if (mr < MR) return accumulate_dispatch<V, MR - 1, NV>(mr, nv, vrows, nk, x0, pt, mpad, f, ot);
+    if (mr < MR) return accumulate_dispatch<V, MR - 1, NV>(mr, nv, vt, ldv, nk, pt, mpad, f, ot);
   }
   if constexpr (NV > 1) {
-    if (nv < NV) return accumulate_dispatch<V, MR, NV - 1>(mr, nv, vrows, nk, x0, pt, mpad, f, ot);
+    if (nv < NV) return accumulate_dispatch<V, MR, NV - 1>(mr, nv, vt, ldv, nk, pt, mpad, f, ot);
   }
-  accumulate_micro<V, MR, NV>(vrows, nk, x0, pt, mpad, f, ot);
+  accumulate_micro<V, MR, NV>(vt, ldv, nk, pt, mpad, f, ot);
 }
 
 template <class V>
-void accumulate(const typename V::T* const* vrows, int64_t nk, const typename V::T* pt, int64_t mpad, int64_t d,
-                const typename V::T* f, typename V::T* ot) {
+void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename V::T* pt, int64_t rows,
+                int64_t mpad, int64_t d, const typename V::T* f, typename V::T* ot) {
   constexpr int MR = V::kAccDims, NV = V::kAccVecs, W = V::W;
   // Query panels outside: the panel of P^T (nk x NV*W) stays in L1 while the head dimension walks.
-  for (int64_t i0 = 0; i0 < mpad; i0 += NV * W) {
-    int nv = int(min_i64(NV, (mpad - i0) / W));
+  for (int64_t i0 = 0; i0 < rows; i0 += NV * W) {
+    int nv = int(min_i64(NV, (rows - i0) / W));
     for (int64_t x0 = 0; x0 < d; x0 += MR) {
       int mr = int(min_i64(MR, d - x0));
-      accumulate_dispatch<V, MR, NV>(mr, nv, vrows, nk, x0, pt + i0, mpad, f + i0, ot + x0 * mpad + i0);
+      accumulate_dispatch<V, MR, NV>(mr, nv, vt + x0, ldv, nk, pt + i0, mpad, f + i0, ot + x0 * mpad + i0);
     }
   }
 }

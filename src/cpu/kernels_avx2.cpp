@@ -13,9 +13,10 @@ struct Avx2 {
   using T = float;
   using reg = __m256;
   static constexpr int W = 8;
-  // 16 ymm registers: S^T micro-tile 6 keys x 16 rows (12 accumulators + 2 Q^T + 1 broadcast);
+  // 16 ymm registers: S^T micro-tile 4 keys x 24 rows (12 accumulators + 3 Q^T + 1 broadcast);
   // accumulate micro-tile 4 head-dim rows x 24 rows (12 accumulators + 3 P^T + 1 broadcast).
-  static constexpr int kScoreKeys = 6, kScoreVecs = 2;
+  // 4 divides the 64-key tile and every head dimension, so full tiles use only these shapes.
+  static constexpr int kScoreKeys = 4, kScoreVecs = 3;
   static constexpr int kAccDims = 4, kAccVecs = 3;
 
   static reg zero() { return _mm256_setzero_ps(); }

@@ -5,6 +5,7 @@
 // tiles kept "query-minor": a query tile's rows are the vector lanes, so the online-softmax state of
 // many rows is updated with one vector instruction and no horizontal reductions are needed.
 //
+//   K, V [nk][ld]   a key tile, packed (ld = padded head dim, see attn_engine.h)
 //   QT  [d][mpad]   the query tile, transposed, pre-scaled (see attn_engine.h)
 //   ST  [nk][mpad]  scores of nk keys against the tile (S transposed), then in place P~
 //   OT  [d][mpad]   the unnormalized output o~, transposed
@@ -29,16 +30,19 @@ template <class T>
 struct TileKernels {
   KernelLevel level;
   int64_t row_align;  // mpad must be a multiple of this (the vector width)
-  // ST[j][i] = sum_x K_j[x] * QT[x][i] for j < nk, i < mpad; k[j] points at key j's d values.
-  void (*scores)(const T* const* k, int64_t nk, const T* qt, int64_t d, int64_t mpad, T* st);
+  // ST[j][i] = sum_x K[j][x] * QT[x][i] for j < nk, i < rows (a multiple of row_align); K rows
+  // are ldk apart, QT and ST rows mpad apart.
+  void (*scores)(const T* k, int64_t ldk, int64_t nk, const T* qt, int64_t d, int64_t rows, int64_t mpad, T* st);
   // x = cap * tanh(x) for n values (softcap; x holds the already divided score).
   void (*softcap)(T* x, int64_t n, T cap);
   // One online-softmax step over an (already masked) score tile: new max, rescale factor f, P~ in
   // place of the scores, l = f * l + rowsum(P~). The rules of core::SoftmaxState, with m kept in
   // score units and the exp2-domain exponent formed as (s - base) * c.
   void (*softmax)(T* st, int64_t nk, int64_t mpad, T c, T* m, T* l, T* f);
-  // OT[x][i] = f[i] * OT[x][i] + sum_j V_j[x] * PT[j][i]; v[j] points at key j's d values.
-  void (*accumulate)(const T* const* v, int64_t nk, const T* pt, int64_t mpad, int64_t d, const T* f, T* ot);
+  // OT[x][i] = f[i] * OT[x][i] + sum_j V[j][x] * PT[j][i] for i < rows (a multiple of row_align);
+  // V rows are ldv apart, PT and OT rows mpad apart.
+  void (*accumulate)(const T* v, int64_t ldv, int64_t nk, const T* pt, int64_t rows, int64_t mpad, int64_t d,
+                     const T* f, T* ot);
   // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
   void (*widen)(const void* src, DType t, T* dst, int64_t n);
 };
