@@ -288,6 +288,8 @@ TEST(Errors, ForwardSoftcapAndScale) {
   a = p.args;
   a.options.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   p.expect(a, "options.softmax_scale");
+  a.options.softmax_scale = -0.5f;
+  p.expect(a, "options.softmax_scale");
   a = p.args;
   a.options.num_threads = -1;
   p.expect(a, "options.num_threads");
