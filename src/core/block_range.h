@@ -37,6 +37,16 @@ struct MaskSpec {
     return v > seqlen_k ? seqlen_k : (v < 0 ? 0 : v);
   }
   FA_HD bool visible(int64_t i, int64_t j) const { return j >= lo(i) && j < hi(i); }
+
+  // Query rows [first, last) that see at least one key of [c0, c1) (the backward's loop over query
+  // tiles for one key tile): hi(i) > c0 and lo(i) < c1, solved for i and clamped to [0, seqlen_q).
+  FA_HD void rows_seeing(int64_t c0, int64_t c1, int64_t* first, int64_t* last) const {
+    int64_t f = window_right < 0 ? 0 : c0 - (seqlen_k - seqlen_q) - window_right;
+    int64_t l = window_left < 0 ? seqlen_q : c1 - (seqlen_k - seqlen_q) + window_left;
+    *first = f < 0 ? 0 : f;
+    *last = l > seqlen_q ? seqlen_q : l;
+    if (c1 <= c0 || *last < *first) *last = *first;
+  }
 };
 
 // Key tiles [n_begin, n_end) (tile size block_n) that query rows [r0, r1) must visit, and the

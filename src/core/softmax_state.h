@@ -79,6 +79,13 @@ FA_HD T finalize_scale(T l) {
   return l == T(0) ? T(0) : T(1) / l;
 }
 
+// The backward recomputes P = exp2(s - lse2) with lse2 = lse * log2(e). A row that saw no key has
+// lse = -inf and must get P = 0 (zero gradients), so its base is +inf rather than -inf.
+template <class T>
+FA_HD T backward_exponent_base(T lse) {
+  return lse == neg_inf<T>() ? -neg_inf<T>() : lse * T(kLog2e);
+}
+
 // A whole online-softmax state for scalar use (CPU engine, tests). Kernels keep m and l in
 // registers and call the functions above directly.
 template <class T>

@@ -7,6 +7,7 @@
 
 #include "api/backends.h"
 #include "cuda/common.cuh"
+#include "cuda/backward.h"
 #include "cuda/forward.h"
 #include "cuda/variants.h"
 
@@ -43,6 +44,19 @@ int compute_capability(int device_index) {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index), "cudaDeviceGetAttribute");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index), "cudaDeviceGetAttribute");
   return major * 10 + minor;
+}
+
+// Kernels write element pairs with 4-byte stores.
+void check_pairs_aligned(const void* ptr, const core::Strides& s, const char* op, const char* name) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0 || s.batch % 2 || s.row % 2 || s.head % 2)
+    throw Error(Status::invalid_argument, std::string(op) + ": argument '" + name +
+                                              "': the GPU path writes element pairs: data pointer aligned to 4 "
+                                              "bytes and even strides needed");
+}
+
+void check_gpu_dtype(DType t, const char* op) {
+  if (t != DType::f16 && t != DType::bf16)
+    throw Error(Status::unsupported, std::string(op) + ": the GPU path supports f16 and bf16, got " + dtype_name(t));
 }
 
 [[noreturn]] void not_yet(const char* op) {
@@ -84,21 +98,36 @@ void copy_to_host(void* dst, const void* src, int64_t bytes, int device_index) {
 
 void forward(const core::ForwardParams& p, int device_index) {
   DeviceGuard guard(device_index);
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
-    throw Error(Status::unsupported, std::string("forward: the GPU path supports f16 and bf16, got ") + dtype_name(p.dtype));
+  check_gpu_dtype(p.dtype, "forward");
   const std::pair<const void*, const char*> ptrs[] = {{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}};
   for (auto [ptr, name] : ptrs) check_device_pointer(ptr, "forward", name, device_index);
   check_rows_aligned(p.q, p.q_s, "forward", "q");
   check_rows_aligned(p.k, p.k_s, "forward", "k");
   check_rows_aligned(p.v, p.v_s, "forward", "v");
-  if (reinterpret_cast<uintptr_t>(p.out) % 4 != 0 || p.o_s.batch % 2 || p.o_s.row % 2 || p.o_s.head % 2)
-    throw Error(Status::invalid_argument, "forward: argument 'out': the GPU path writes element pairs: data pointer "
-                                          "aligned to 4 bytes and even strides needed");
+  check_pairs_aligned(p.out, p.o_s, "forward", "out");
   if (p.total_q == 0 || p.batch == 0) return;
   dispatch_forward(p, compute_capability(device_index), static_cast<cudaStream_t>(p.stream));
 }
 
-void backward(const core::BackwardParams&, int) { not_yet("backward"); }
+void backward(const core::BackwardParams& p, int device_index) {
+  DeviceGuard guard(device_index);
+  check_gpu_dtype(p.dtype, "backward");
+  const std::pair<const void*, const char*> ptrs[] = {{p.q, "q"},       {p.k, "k"},   {p.v, "v"},   {p.out, "out"},
+                                                      {p.dout, "dout"}, {p.lse, "lse"}, {p.dq, "dq"}, {p.dk, "dk"},
+                                                      {p.dv, "dv"}};
+  for (auto [ptr, name] : ptrs) check_device_pointer(ptr, "backward", name, device_index);
+  check_rows_aligned(p.q, p.q_s, "backward", "q");
+  check_rows_aligned(p.k, p.k_s, "backward", "k");
+  check_rows_aligned(p.v, p.v_s, "backward", "v");
+  check_rows_aligned(p.out, p.o_s, "backward", "out");
+  check_rows_aligned(p.dout, p.do_s, "backward", "dout");
+  check_rows_aligned(p.dq, p.dq_s, "backward", "dq");
+  check_pairs_aligned(p.dk, p.dk_s, "backward", "dk");
+  check_pairs_aligned(p.dv, p.dv_s, "backward", "dv");
+  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return;
+  dispatch_backward(p, compute_capability(device_index), static_cast<cudaStream_t>(p.stream));
+}
+
 void decode(const core::DecodeParams&, int) { not_yet("decode"); }
 void merge_states(const core::MergeParams&, int) { not_yet("merge_states"); }
 

@@ -57,4 +57,27 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
   }
 }
 
+// Backward (src/cuda/sm80/bwd_kernel.cuh): 64 keys per CTA and 64 query rows per step; 4 warps hold
+// dK and dV (16 keys x head_dim fp32 each per warp: head_dim regs per thread), 8 warps split the
+// head dim in two above 128 to stay within 255 registers. Stages = Q/dO tiles in flight. Shared
+// memory: K, V 2*64*d + Q, dO 2*stages*64*d + P, dS 2*64*64 elements.
+struct PortableBwdTile {
+  int warps;
+  int stages;
+};
+
+template <int kArch>
+constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
+  if constexpr (kArch >= 90) {
+    // 4 warps spill at d=128 (ptxas: 124 B stores, 720 B loads), so 8 warps from d=128 up.
+    return head_dim <= 96 ? PortableBwdTile{4, 2}   // d=96: 24 + 48 + 16 = 88 KB
+                          : PortableBwdTile{8, 2};  // d=128: 112 KB; d=256: 64 + 128 + 16 = 208 KB
+  } else {
+    // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
+    // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere).
+    if (head_dim <= 96) return {4, 2};
+    return head_dim <= 128 ? PortableBwdTile{4, 1} : PortableBwdTile{8, 1};
+  }
+}
+
 }  // namespace flashattn::cuda

@@ -26,6 +26,14 @@ __device__ __forceinline__ void thread_cp_async_16(void* smem_dst, const void* g
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
 }
 
+// 4-byte variant (through L1), for per-row scalars such as the backward's lse and D; zero-fills
+// when !valid.
+__device__ __forceinline__ void thread_cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  int src_size = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
+}
+
 __device__ __forceinline__ void thread_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most N of this thread's committed groups are still in flight. Other threads'

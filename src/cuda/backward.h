@@ -1,0 +1,15 @@
+// The backward variants the build compiled and the dispatcher that picks one at run time.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/params.h"
+
+namespace flashattn::cuda {
+
+template <int kHeadDim, class Element, int kArch>
+void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream);
+
+void dispatch_backward(const core::BackwardParams& p, int cc, cudaStream_t stream);
+
+}  // namespace flashattn::cuda

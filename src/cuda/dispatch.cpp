@@ -1,0 +1,97 @@
+// Run-time choice of a kernel variant: the dtype must match, the head dim is rounded up to the
+// smallest compiled kernel head dim (its extra columns are zero-filled on load and never written),
+// and the target arch is the device's own family when compiled (sm_90a SASS on Hopper), else the
+// sm80 build (its SASS on sm8x, its PTX JIT-compiled elsewhere).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "cuda/backward.h"
+#include "cuda/common.cuh"
+#include "cuda/forward.h"
+#include "cuda/variants.h"
+
+namespace flashattn::cuda {
+namespace {
+
+using elem_f16 = __half;
+using elem_bf16 = __nv_bfloat16;
+
+template <class Params>
+struct Variant {
+  int head_dim;
+  DType dtype;
+  int arch;
+  void (*run)(const Params&, cudaStream_t);
+};
+
+// kernel_list.inc holds FLASHATTN_FWD_PORTABLE / FLASHATTN_BWD_PORTABLE entries; each table keeps
+// its own kind. The trailing entry keeps a table non-empty in any build.
+#define FLASHATTN_FWD_PORTABLE(H, DT, A) Variant<core::ForwardParams>{H, DType::DT, A, &run_forward_portable<H, elem_##DT, A>},
+#define FLASHATTN_BWD_PORTABLE(H, DT, A)
+constexpr Variant<core::ForwardParams> kForward[] = {
+#include "flashattn_internal/kernel_list.inc"
+    Variant<core::ForwardParams>{0, DType::f32, 0, nullptr}};
+#undef FLASHATTN_FWD_PORTABLE
+#undef FLASHATTN_BWD_PORTABLE
+
+#define FLASHATTN_FWD_PORTABLE(H, DT, A)
+#define FLASHATTN_BWD_PORTABLE(H, DT, A) Variant<core::BackwardParams>{H, DType::DT, A, &run_backward_portable<H, elem_##DT, A>},
+constexpr Variant<core::BackwardParams> kBackward[] = {
+#include "flashattn_internal/kernel_list.inc"
+    Variant<core::BackwardParams>{0, DType::f32, 0, nullptr}};
+#undef FLASHATTN_FWD_PORTABLE
+#undef FLASHATTN_BWD_PORTABLE
+
+// Can a binary built for `arch` run on a device of compute capability `cc`?
+bool runs_on(int arch, int cc) {
+  if (arch == 90) return cc / 10 == 9;  // sm_90a machine code: Hopper only
+  return cc >= 80;                      // sm_80 SASS on sm8x, its PTX on anything newer
+}
+
+template <class Params, size_t N>
+void pick_and_run(const Variant<Params> (&table)[N], const char* op, const Params& p, int cc, cudaStream_t stream) {
+  const Variant<Params>* best = nullptr;
+  for (const Variant<Params>& v : table) {
+    if (v.run == nullptr || v.dtype != p.dtype || v.head_dim < p.head_dim || !runs_on(v.arch, cc)) continue;
+    bool better = best == nullptr || v.head_dim < best->head_dim ||
+                  (v.head_dim == best->head_dim && v.arch > best->arch);  // own family first
+    if (better) best = &v;
+  }
+  if (best == nullptr)
+    throw Error(Status::unsupported, std::string(op) + ": no GPU kernel for head_dim " + std::to_string(p.head_dim) +
+                                         ", dtype " + dtype_name(p.dtype) + " on compute capability " +
+                                         std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+                                         " in this build (compiled: " + variant_list() + ")");
+  best->run(p, stream);
+}
+
+template <class Params, size_t N>
+void describe(const Variant<Params> (&table)[N], const char* kind, std::string& s) {
+  for (const Variant<Params>& v : table) {
+    if (v.run == nullptr) continue;
+    if (!s.empty()) s += ", ";
+    s += std::string(kind) + " portable hdim" + std::to_string(v.head_dim) + " " + dtype_name(v.dtype) + " sm" +
+         std::to_string(v.arch) + (v.arch == 90 ? "a" : "");
+  }
+}
+
+}  // namespace
+
+void dispatch_forward(const core::ForwardParams& p, int cc, cudaStream_t stream) {
+  pick_and_run(kForward, "forward", p, cc, stream);
+}
+
+void dispatch_backward(const core::BackwardParams& p, int cc, cudaStream_t stream) {
+  pick_and_run(kBackward, "backward", p, cc, stream);
+}
+
+std::string variant_list() {
+  std::string s;
+  describe(kForward, "fwd", s);
+  describe(kBackward, "bwd", s);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace flashattn::cuda
