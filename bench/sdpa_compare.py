@@ -4,8 +4,10 @@
 Calls libflashattn through its C ABI (ctypes), so nothing needs building beyond the library.
 Shapes follow the anchors (shared/anchors/README.md) and the FlashAttention-3 paper: bf16, 16k
 tokens in total (batch = tokens // seqlen), hidden 2048 (heads = 2048 // d). Forward FLOPs are
-4*b*h*s*s*d, halved when causal. Times are medians of triton.testing.do_bench (CUDA events,
-after warm-up). Each shape's output is also checked against SDPA's.
+4*b*h*s*s*d, halved when causal; backward FLOPs are 2.5x that. Times are medians of
+triton.testing.do_bench (CUDA events, after warm-up). Each shape's forward output is also checked
+against SDPA's. --modes fwd,bwd adds the backward: ours (default and deterministic) beside SDPA's
+out.backward().
 
   python3 bench/sdpa_compare.py --lib build/libflashattn.so
   python3 bench/sdpa_compare.py --lib build/libflashattn.so --d 128 --s 2048,8192 --json out.json
@@ -38,6 +40,12 @@ class ForwardArgs(C.Structure):
                 ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")] + [("options", Options)]
 
 
+class BackwardArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_uint32)] + [(n, Tensor) for n in
+                ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "cu_seqlens_q", "cu_seqlens_k")] + [
+                    ("options", Options), ("deterministic", C.c_int32)]
+
+
 def view(t, dtype_code):
     v = Tensor()
     v.data = t.data_ptr()
@@ -62,15 +70,19 @@ def main():
     p.add_argument("--s", default="512,1024,2048,4096,8192,16384")
     p.add_argument("--causal", default="0,1")
     p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--modes", default="fwd", help="fwd or fwd,bwd")
     p.add_argument("--json")
     a = p.parse_args()
     lib = C.CDLL(a.lib)
     lib.flashattn_forward.argtypes = [C.POINTER(ForwardArgs)]
+    lib.flashattn_backward.argtypes = [C.POINTER(BackwardArgs)]
+    bwd = "bwd" in a.modes.split(",")
     lib.flashattn_last_error.restype = C.c_char_p
     ints = lambda s: [int(x) for x in s.split(",") if x]
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
-    print(f"{'d':>4} {'causal':>6} {'s':>6} | {'ours':>6} {'fa2':>6} {'cudnn':>6} | {'/fa2':>5} {'/cudnn':>6} | max|ours-sdpa|")
+    print(f"{'d':>4} {'causal':>6} {'s':>6} | {'ours':>6} {'fa2':>6} {'cudnn':>6} | {'/fa2':>5} {'/cudnn':>6} | max|ours-sdpa|"
+          + (" || bwd ours  det   fa2 cudnn |  /fa2 /cudnn det/ours" if bwd else ""))
     for d in ints(a.d):
         for causal in ints(a.causal):
             for s in ints(a.s):
@@ -95,23 +107,52 @@ def main():
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
                 row = {"d": d, "causal": bool(causal), "s": s, "b": b, "h": h}
                 row["ours"] = flops / median_ms(ours) / 1e9
-                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                if bwd:
+                    ours()
+                    g = torch.randn_like(q)
+                    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                    bargs = BackwardArgs()
+                    bargs.struct_size = C.sizeof(BackwardArgs)
+                    for name, t, code in (("dout", g, BF16), ("q", q, BF16), ("k", k, BF16), ("v", v, BF16),
+                                          ("out", out, BF16), ("lse", lse, 2), ("dq", dq, BF16), ("dk", dk, BF16),
+                                          ("dv", dv, BF16)):
+                        setattr(bargs, name, view(t, code))
+                    bargs.options = args.options
+                    ref_bargs = C.byref(bargs)
+
+                    def ours_bwd():
+                        if lib.flashattn_backward(ref_bargs) != 0:
+                            raise RuntimeError(lib.flashattn_last_error().decode())
+
+                    row["ours_bwd"] = 2.5 * flops / median_ms(ours_bwd) / 1e9
+                    bargs.deterministic = 1
+                    row["ours_bwd_det"] = 2.5 * flops / median_ms(ours_bwd) / 1e9
+                    bargs.deterministic = 0
+                qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
                 for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                     try:
                         with sdpa_kernel(backend):
                             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
                             ref = fn()
                             row[name] = flops / median_ms(fn) / 1e9
+                            if bwd:
+                                gt = torch.randn_like(ref)
+                                row[name + "_bwd"] = 2.5 * flops / median_ms(
+                                    lambda: ref.backward(gt, retain_graph=True)) / 1e9
                     except RuntimeError as e:
                         row[name + "_error"] = str(e).splitlines()[0][:160]
                 ours()
                 torch.cuda.synchronize()
-                row["max_abs_diff_vs_sdpa"] = (out.float() - ref.transpose(1, 2).float()).abs().max().item()
+                row["max_abs_diff_vs_sdpa"] = (out.float() - ref.detach().transpose(1, 2).float()).abs().max().item()
                 rows.append(row)
                 f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
-                r = lambda key: f"{row['ours'] / row[key]:5.2f}" if key in row else "    -"
-                print(f"{d:4d} {causal:6d} {s:6d} | {f('ours')} {f('fa2')} {f('cudnn')} | {r('fa2')} {r('cudnn'):>6} |"
-                      f" {row['max_abs_diff_vs_sdpa']:.3g}", flush=True)
+                r = lambda num, key: f"{row[num] / row[key]:5.2f}" if key in row and num in row else "    -"
+                line = (f"{d:4d} {causal:6d} {s:6d} | {f('ours')} {f('fa2')} {f('cudnn')} | {r('ours', 'fa2')} "
+                        f"{r('ours', 'cudnn'):>6} | {row['max_abs_diff_vs_sdpa']:.3g}")
+                if bwd:
+                    line += (f" || {f('ours_bwd')} {f('ours_bwd_det')} {f('fa2_bwd')} {f('cudnn_bwd')} | "
+                             f"{r('ours_bwd', 'fa2_bwd')} {r('ours_bwd', 'cudnn_bwd'):>6} {r('ours_bwd_det', 'ours_bwd'):>8}")
+                print(line, flush=True)
                 del q, k, v, out, lse, qt, kt, vt
                 torch.cuda.empty_cache()
     if a.json:
