@@ -27,6 +27,7 @@
 #include "cpu/backward_io.h"
 #include "cpu/backward_tile.h"
 #include "cpu/parallel.h"
+#include "cpu/simd.h"
 
 namespace flashattn::cpu {
 namespace {
@@ -36,24 +37,18 @@ namespace {
 // within a core's L2; wider heads take 32 to stay there.
 int64_t tile_for(int64_t head_dim) { return head_dim <= 128 ? 64 : 32; }
 
-bool cpu_has_avx2_fma() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
+// The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
+// FLASHATTN_CPU_KERNEL); AVX-512 machines run the AVX2 build of it.
 template <class Acc>
-const bwd::TileOps<Acc>& tile_ops() {
-  static const bwd::TileOps<Acc> ops = [] {
-    if constexpr (std::is_same_v<Acc, float>) {
-      return cpu_has_avx2_fma() ? bwd::avx2_ops_f32() : bwd::portable_ops_f32();
-    } else {
-      return cpu_has_avx2_fma() ? bwd::avx2_ops_f64() : bwd::portable_ops_f64();
-    }
-  }();
-  return ops;
+bwd::TileOps<Acc> tile_ops() {
+#if defined(__x86_64__)
+  if (active_level() >= KernelLevel::avx2) {
+    if constexpr (std::is_same_v<Acc, float>) return bwd::avx2_ops_f32();
+    else return bwd::avx2_ops_f64();
+  }
+#endif
+  if constexpr (std::is_same_v<Acc, float>) return bwd::portable_ops_f32();
+  else return bwd::portable_ops_f64();
 }
 
 // One sequence of the batch: where its rows start in the packed (varlen) tensors and how many.
@@ -236,7 +231,7 @@ class Backward {
   }
 
   const core::BackwardParams& p_;
-  const bwd::TileOps<Acc>& ops_;
+  const bwd::TileOps<Acc> ops_;
   const int64_t tile_, d_;
   std::vector<Acc> base_, delta_;  // [heads_q][total_q], written by pass 1, read by pass 2
   std::vector<Task> row_tasks_, key_tasks_;

@@ -1,5 +1,6 @@
 // The backward tile arithmetic compiled for AVX2 + FMA (the build gives *_avx2.cpp files those
-// flags); backward.cpp calls it only on CPUs that report both. Register blocks of 4 x 2 ymm.
+// flags); backward.cpp calls it only when the engine's active level is AVX2 or above. Register
+// blocks of 4 x 2 ymm.
 #include "cpu/backward_tile_impl.h"
 
 namespace flashattn::cpu::bwd {

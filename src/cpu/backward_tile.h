@@ -1,6 +1,7 @@
 // The arithmetic of one (query tile, key tile) step of the CPU backward, behind a table of
 // function pointers so that the same source (backward_tile_impl.h) runs compiled for plain x86-64
-// (backward_portable.cpp) or for AVX2 + FMA (backward_avx2.cpp), picked once at run time.
+// (backward_portable.cpp) or for AVX2 + FMA (backward_avx2.cpp), picked per call by the engine's
+// active SIMD level (simd.h).
 //
 // All tiles are dense, row-major, in accumulator precision T (float, or double for f64), padded to
 // full size with zero rows: a padded query row has base = +inf (so P = 0) and a padded key column

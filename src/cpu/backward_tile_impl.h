@@ -31,30 +31,42 @@ inline typename Simd<T, W>::reg load(const T* p) {
   return v;
 }
 
+constexpr int64_t kChunk = 16;  // products summed in registers before joining the running total
+
 // C[kMR][NV * W] (+)= op(A)[kMR][K] B[K][NV * W], op(A) = A or, with TransA, A^T (read in place:
 // element (r, x) at a[x * lda + r]; a broadcast costs the same from either address, so P^T and dS^T
-// need no transposed copy). kMR x NV vector accumulators stay in registers for the whole K loop;
-// each step loads NV vectors of a B row and broadcasts one op(A) value per row. C may be wider than
-// T (the double gradient accumulators); it is read and written once.
+// need no transposed copy). Each step loads NV vectors of a B row and broadcasts one op(A) value
+// per row into kMR x NV vector accumulators.
+// The sum is blocked: kChunk products at a time, each chunk then added to a second set of
+// registers. A float dot product of 64 terms then carries about half the rounding error of a
+// plain running sum, which matters because a score error becomes a relative error of P. C may be
+// wider than T (the double gradient accumulators); it is read and written once.
 template <bool TransA, class T, int W, int NV, class C>
 inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, int64_t ldc, int64_t k,
                        bool accumulate) {
   using reg = typename Simd<T, W>::reg;
-  reg acc[kMR][NV];
-  for (int r = 0; r < kMR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = reg{};
-  for (int64_t x = 0; x < k; ++x) {
-    reg bx[NV];
-    for (int v = 0; v < NV; ++v) bx[v] = load<T, W>(b + x * ldb + v * W);
-    for (int r = 0; r < kMR; ++r) {
-      const T ar = TransA ? a[x * lda + r] : a[r * lda + x];
-      for (int v = 0; v < NV; ++v) acc[r][v] += ar * bx[v];
+  reg total[kMR][NV] = {};
+  for (int64_t x0 = 0; x0 < k; x0 += kChunk) {
+    const int64_t x1 = x0 + kChunk < k ? x0 + kChunk : k;
+    reg acc[kMR][NV] = {};
+    for (int64_t x = x0; x < x1; ++x) {
+      reg bx[NV];
+      for (int v = 0; v < NV; ++v) bx[v] = load<T, W>(b + x * ldb + v * W);
+      for (int r = 0; r < kMR; ++r) {
+        const T ar = TransA ? a[x * lda + r] : a[r * lda + x];
+        for (int v = 0; v < NV; ++v) acc[r][v] += ar * bx[v];
+      }
     }
+    for (int r = 0; r < kMR; ++r)
+      for (int v = 0; v < NV; ++v) total[r][v] += acc[r][v];
   }
   for (int r = 0; r < kMR; ++r) {
     C* cr = c + r * ldc;
     for (int v = 0; v < NV; ++v)
-      for (int l = 0; l < W; ++l) cr[v * W + l] = accumulate ? cr[v * W + l] + C(acc[r][v][l]) : C(acc[r][v][l]);
+      for (int l = 0; l < W; ++l) {
+        const C t = C(total[r][v][l]);
+        cr[v * W + l] = accumulate ? cr[v * W + l] + t : t;
+      }
   }
 }
 

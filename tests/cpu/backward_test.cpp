@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cpu/simd.h"
 #include "flashattn/flashattn.hpp"
 #include "reference/reference.h"
 #include "test_util.h"
@@ -228,6 +230,27 @@ TEST_P(BackwardOptions, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackwardOptions, ::testing::ValuesIn(option_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Every SIMD level this CPU has (capped through FLASHATTN_CPU_KERNEL, read at each call) runs its
+// own build of the tile arithmetic; each must satisfy the rule, f64 included.
+TEST(BackwardLevels, EveryLevelMatchesReference) {
+  using flashattn::cpu::KernelLevel;
+  const KernelLevel top = flashattn::cpu::detected_level();
+  for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512}) {
+    if (int(level) > int(top)) break;
+    setenv("FLASHATTN_CPU_KERNEL", flashattn::cpu::level_name(level), 1);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+      SCOPED_TRACE(std::string(flashattn::cpu::level_name(level)) + " " + flashattn::dtype_name(dtype));
+      Case c = make("levels", dtype);
+      c.cu_q = {0, 70, 70, 171};
+      c.cu_k = {0, 65, 130, 200};
+      c.causal = true, c.softcap = 3.f, c.d = 40;  // d = 40: a half-width register block too
+      Problem pr(c);
+      expect_matches_reference(pr, dtype);
+    }
+  }
+  unsetenv("FLASHATTN_CPU_KERNEL");
+}
 
 // ---- semantics of rows and keys that see nothing ------------------------------------------------
 
