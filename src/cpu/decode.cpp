@@ -49,18 +49,18 @@ struct Cache {
   }
 };
 
+// A few rows per sequence: a plain loop, cheaper than waking threads.
 void append(const Cache& c) {
   const core::DecodeParams& p = c.p;
   const size_t row_bytes = size_t(p.head_dim * c.esize);
-  parallel_for(p.batch * p.seqlen_new, p.num_threads, [&](int64_t task, int) {
-    int64_t b = task / p.seqlen_new, t = task % p.seqlen_new;
-    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-      std::memcpy(c.k_row(b, c.len(b) + t, hk),
-                  static_cast<const char*>(p.k_new) + c.esize * p.knew_s.offset(b, t, hk), row_bytes);
-      std::memcpy(c.v_row(b, c.len(b) + t, hk),
-                  static_cast<const char*>(p.v_new) + c.esize * p.vnew_s.offset(b, t, hk), row_bytes);
-    }
-  });
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t t = 0; t < p.seqlen_new; ++t)
+      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+        std::memcpy(c.k_row(b, c.len(b) + t, hk),
+                    static_cast<const char*>(p.k_new) + c.esize * p.knew_s.offset(b, t, hk), row_bytes);
+        std::memcpy(c.v_row(b, c.len(b) + t, hk),
+                    static_cast<const char*>(p.v_new) + c.esize * p.vnew_s.offset(b, t, hk), row_bytes);
+      }
 }
 
 template <class T>
