@@ -9,6 +9,7 @@
 
 #include "flashattn/flashattn.h"
 #include "flashattn/flashattn.hpp"
+#include "c_abi_util.h"
 #include "test_util.h"
 
 extern "C" {
@@ -21,20 +22,6 @@ namespace {
 
 using fa_test::HostTensor;
 using flashattn::DType;
-
-flashattn_tensor c_view(const flashattn::TensorView& v) {
-  flashattn_tensor t;
-  std::memset(&t, 0, sizeof(t));
-  t.data = v.data;
-  t.dtype = int32_t(v.dtype);
-  t.device = int32_t(v.device);
-  t.rank = v.rank;
-  for (int i = 0; i < v.rank; ++i) {
-    t.shape[i] = v.shape[i];
-    t.stride[i] = v.stride[i];
-  }
-  return t;
-}
 
 bool same_bytes(const HostTensor& a, const HostTensor& b) {
   return a.storage.size() == b.storage.size() && std::memcmp(a.storage.data(), b.storage.data(), a.storage.size()) == 0;
@@ -88,25 +75,16 @@ TEST(CAbi, StridedBf16ForwardMatchesCppBitwise) {
   out_c.poison();
   out_cpp.poison();
 
-  flashattn_forward_args ca;
-  std::memset(&ca, 0, sizeof(ca));
-  ca.struct_size = sizeof(ca);
-  ca.q = c_view(q.view);
-  ca.k = c_view(k.view);
-  ca.v = c_view(v.view);
-  ca.out = c_view(out_c.view);
-  ca.options = flashattn_default_options();
-  ca.options.window_left = 2;
-  ca.options.softcap = 5.f;
-  ASSERT_EQ(flashattn_forward(&ca), FLASHATTN_OK) << flashattn_last_error();
-
   flashattn::ForwardArgs a;
   a.q = q.view;
   a.k = k.view;
   a.v = v.view;
-  a.out = out_cpp.view;
+  a.out = out_c.view;
   a.options.window_left = 2;
   a.options.softcap = 5.f;
+  flashattn_forward_args ca = fa_test::c_forward_args(a);
+  ASSERT_EQ(flashattn_forward(&ca), FLASHATTN_OK) << flashattn_last_error();
+  a.out = out_cpp.view;
   flashattn::forward(a);
   EXPECT_TRUE(same_bytes(out_c, out_cpp));
   // Only the padding between rows may remain poison.

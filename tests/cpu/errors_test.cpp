@@ -18,6 +18,7 @@
 #include "api/validate.h"
 #include "flashattn/flashattn.h"
 #include "flashattn/flashattn.hpp"
+#include "c_abi_util.h"
 #include "test_util.h"
 
 namespace {
@@ -590,31 +591,9 @@ TEST(Errors, MergeShapeErrors) {
 
 // ---- the C ABI -------------------------------------------------------------------------------
 
-flashattn_tensor c_tensor(const TensorView& v) {
-  flashattn_tensor t;
-  std::memset(&t, 0, sizeof(t));
-  t.data = v.data;
-  t.dtype = int32_t(v.dtype);
-  t.device = int32_t(v.device);
-  t.rank = v.rank;
-  for (int i = 0; i < v.rank; ++i) {
-    t.shape[i] = v.shape[i];
-    t.stride[i] = v.stride[i];
-  }
-  return t;
-}
-
 TEST(Errors, CAbiReturnsStatusAndMessage) {
   ForwardProblem p;
-  flashattn_forward_args a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = sizeof(a);
-  a.q = c_tensor(p.args.q);
-  a.k = c_tensor(p.args.k);
-  a.v = c_tensor(p.args.v);
-  a.out = c_tensor(p.args.out);
-  a.lse = c_tensor(p.args.lse);
-  a.options = flashattn_default_options();
+  flashattn_forward_args a = fa_test::c_forward_args(p.args);
   a.options.softcap = -2.f;
   p.bufs.snapshot();
   EXPECT_EQ(flashattn_forward(&a), FLASHATTN_INVALID_ARGUMENT);
@@ -638,13 +617,7 @@ TEST(Errors, CAbiReturnsStatusAndMessage) {
 
 TEST(Errors, CAbiRejectsUndersizedStructAndNull) {
   ForwardProblem p;
-  flashattn_forward_args a;
-  std::memset(&a, 0, sizeof(a));
-  a.q = c_tensor(p.args.q);
-  a.k = c_tensor(p.args.k);
-  a.v = c_tensor(p.args.v);
-  a.out = c_tensor(p.args.out);
-  a.options = flashattn_default_options();
+  flashattn_forward_args a = fa_test::c_forward_args(p.args);
   p.bufs.snapshot();
   a.struct_size = sizeof(a) - 8;  // a caller compiled against an older, smaller struct
   EXPECT_EQ(flashattn_forward(&a), FLASHATTN_INVALID_ARGUMENT);
@@ -674,13 +647,13 @@ TEST(Errors, CAbiDecodeErrorNamesArgument) {
   flashattn_decode_args a;
   std::memset(&a, 0, sizeof(a));
   a.struct_size = sizeof(a);
-  a.q = c_tensor(p.args.q);
-  a.k_cache = c_tensor(p.args.k_cache);
-  a.v_cache = c_tensor(p.args.v_cache);
-  a.block_table = c_tensor(p.args.block_table);
-  a.cache_seqlens = c_tensor(p.args.cache_seqlens);
-  a.out = c_tensor(p.args.out);
-  a.lse = c_tensor(p.args.lse);
+  a.q = fa_test::c_view(p.args.q);
+  a.k_cache = fa_test::c_view(p.args.k_cache);
+  a.v_cache = fa_test::c_view(p.args.v_cache);
+  a.block_table = fa_test::c_view(p.args.block_table);
+  a.cache_seqlens = fa_test::c_view(p.args.cache_seqlens);
+  a.out = fa_test::c_view(p.args.out);
+  a.lse = fa_test::c_view(p.args.lse);
   a.options = flashattn_default_options();
   p.bufs.snapshot();
   EXPECT_EQ(flashattn_decode(&a), FLASHATTN_INVALID_ARGUMENT);
