@@ -18,6 +18,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "api/backends.h"
@@ -32,7 +33,7 @@
 namespace flashattn::cpu {
 namespace {
 
-// Rows per query tile and keys per key tile. A step touches Q, dO, K, K^T, V^T (tile x d, float),
+// Rows per query tile and keys per key tile. A step touches Q, dO, K, K^T, V^T (tile x d, fp32),
 // P, dP (tile x tile) and two double accumulators (tile x d): at 64 and d = 128 about 300 KiB,
 // within a core's L2; wider heads take 32 to stay there.
 int64_t tile_for(int64_t head_dim) { return head_dim <= 128 ? 64 : 32; }
@@ -65,7 +66,15 @@ Seq seq_of(const core::AttnShape& p, int64_t b) {
 
 struct Task {
   int64_t b, head, tile;
+  int64_t steps;  // (query tile, key tile) steps it runs: its cost
 };
+
+// Heaviest tasks first (causal and windowed tiles differ in work): with dynamic hand-out, the last
+// tasks to start are then short ones and the threads finish together. The order never changes a
+// result, since each task is the only writer of its outputs.
+void heaviest_first(std::vector<Task>& tasks) {
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.steps > b.steps; });
+}
 
 template <class Acc>
 struct Scratch {
@@ -89,11 +98,18 @@ class Backward {
         base_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
     for (int64_t b = 0; b < p.batch; ++b) {
       const Seq s = seq_of(p, b);
-      for (int64_t h = 0; h < p.heads_q; ++h)
-        for (int64_t t = 0; t * tile_ < s.sq; ++t) row_tasks_.push_back({b, h, t});
-      for (int64_t h = 0; h < p.heads_kv; ++h)
-        for (int64_t t = 0; t * tile_ < s.sk; ++t) key_tasks_.push_back({b, h, t});
+      const core::MaskSpec mask = mask_of(s);
+      for (int64_t t = 0; t * tile_ < s.sq; ++t) {
+        const core::TileRange r = core::tile_range(mask, t * tile_, std::min(s.sq, (t + 1) * tile_), tile_);
+        for (int64_t h = 0; h < p.heads_q; ++h) row_tasks_.push_back({b, h, t, r.n_end - r.n_begin});
+      }
+      for (int64_t t = 0; t * tile_ < s.sk; ++t) {
+        const auto [m_begin, m_end] = query_tiles_seeing(mask, t * tile_, std::min(s.sk, (t + 1) * tile_));
+        for (int64_t h = 0; h < p.heads_kv; ++h) key_tasks_.push_back({b, h, t, (m_end - m_begin) * p.group()});
+      }
     }
+    heaviest_first(row_tasks_);
+    heaviest_first(key_tasks_);
     const int64_t most = std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
     scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_));
     step_.bm = step_.bn = tile_;
@@ -115,6 +131,13 @@ class Backward {
 
  private:
   core::MaskSpec mask_of(const Seq& s) const { return {s.sq, s.sk, p_.window_left, p_.window_right}; }
+
+  // Query tiles [begin, end) holding the rows that may see a key of [c0, c1).
+  std::pair<int64_t, int64_t> query_tiles_seeing(const core::MaskSpec& mask, int64_t c0, int64_t c1) const {
+    int64_t first = 0, last = 0;
+    mask.rows_seeing(c0, c1, &first, &last);
+    return {first / tile_, (last + tile_ - 1) / tile_};
+  }
 
   // A step over the worker's tiles; the caller fills in the key tile's position and mask flag.
   bwd::TileStep<Acc> step_for(Scratch<Acc>& w) const {
@@ -210,11 +233,12 @@ class Backward {
     std::fill(w.acc_v.begin(), w.acc_v.end(), 0.0);
     bwd::TileStep<Acc> st = step_for(w);
     st.n0 = c0;
+    const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
     for (int64_t h = t.head * p_.group(); h < (t.head + 1) * p_.group(); ++h) {
-      for (int64_t r0 = 0; r0 < s.sq; r0 += tile_) {
-        const int64_t rows = std::min(tile_, s.sq - r0);
+      for (int64_t m = m_begin; m < m_end; ++m) {
+        const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
         const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
-        if (t.tile < range.n_begin || t.tile >= range.n_end) continue;
+        if (t.tile < range.n_begin || t.tile >= range.n_end) continue;  // its rows all see nothing
         load_query_tile(s, t.b, h, r0, rows, w);
         for (int64_t i = 0; i < tile_; ++i) {
           const bool real = i < rows;

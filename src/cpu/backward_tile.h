@@ -15,7 +15,7 @@ namespace flashattn::cpu::bwd {
 
 template <class T>
 struct TileStep {
-  int64_t bm = 0, bn = 0, d = 0;  // query rows, keys, head dim (bm and bn multiples of 4, d of 8)
+  int64_t bm = 0, bn = 0, d = 0;  // query rows, keys, head dim (all multiples of 8)
   const T* q = nullptr;           // [bm][d]
   const T* dout = nullptr;        // [bm][d]
   const T* k = nullptr;           // [bn][d], read by the dq step only
