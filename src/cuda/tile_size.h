@@ -57,11 +57,14 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
   }
 }
 
-// Backward (src/cuda/sm80/bwd_kernel.cuh): 64 keys per CTA and 64 query rows per step; 4 warps hold
-// dK and dV (16 keys x head_dim fp32 each per warp: head_dim regs per thread), 8 warps split the
-// head dim in two above 128 to stay within 255 registers. Stages = Q/dO tiles in flight. Shared
-// memory: K, V 2*64*d + Q, dO 2*stages*64*d + P, dS 2*64*64 elements.
+// Backward (src/cuda/sm80/bwd_kernel.cuh): block_n keys per CTA, 64 query rows per step. dK and dV
+// stay in registers: per thread 2 * block_n * head_dim / (32 * warps) fp32. Each query step moves
+// the Q/dO tiles and a 64 x head_dim fp32 dQ tile through L2 for 4 * 64 * block_n * head_dim matmul
+// FLOPs, so a wider block_n halves that traffic per FLOP (ncu on the H200: block_n 64 at d=128 ran
+// L2-bound at 67% of L2 throughput with 23% issue utilization). Stages = Q/dO tiles in flight.
+// Shared memory: K, V 2 * block_n * d + Q, dO 2 * stages * 64 * d + P, dS 2 * block_n * 64 elements.
 struct PortableBwdTile {
+  int block_n;
   int warps;
   int stages;
 };
@@ -69,14 +72,14 @@ struct PortableBwdTile {
 template <int kArch>
 constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
   if constexpr (kArch >= 90) {
-    // 4 warps spill at d=128 (ptxas: 124 B stores, 720 B loads), so 8 warps from d=128 up.
-    return head_dim <= 96 ? PortableBwdTile{4, 2}   // d=96: 24 + 48 + 16 = 88 KB
-                          : PortableBwdTile{8, 2};  // d=128: 112 KB; d=256: 64 + 128 + 16 = 208 KB
+    if (head_dim <= 64) return {128, 8, 2};   // dK+dV 64 regs; 32 + 32 + 32 = 96 KB
+    if (head_dim <= 128) return {128, 8, 2};  // dK+dV 128 regs; 64 + 64 + 32 = 160 KB
+    return {64, 8, 2};                        // d=256: 64 + 128 + 16 = 208 KB, dK+dV 128 regs
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere).
-    if (head_dim <= 96) return {4, 2};
-    return head_dim <= 128 ? PortableBwdTile{4, 1} : PortableBwdTile{8, 1};
+    if (head_dim <= 96) return {64, 4, 2};
+    return head_dim <= 128 ? PortableBwdTile{64, 4, 1} : PortableBwdTile{64, 8, 1};
   }
 }
 

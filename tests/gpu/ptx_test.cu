@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/ptx/sm80.cuh"
+#include "cuda/ptx/sm90.cuh"
 #include "gpu_util.h"
 
 namespace fa_test {
@@ -69,6 +70,23 @@ __global__ void special_kernel(const float* x, float* e, float* th, float* qmax,
   th[lane] = ptx::thread_tanh(x[lane]);
   qmax[lane] = ptx::quad_max(x[lane]);
   qsum[lane] = ptx::quad_sum(x[lane]);
+}
+
+// Bulk reduce-add (sm90): each of 4 threads stages a 16-float row in shared memory and adds it to
+// global memory with one copy-engine instruction. Elsewhere the kernel reports it did nothing.
+__global__ void bulk_reduce_kernel(float* gmem, int* ran) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ __align__(128) float rows[4][16];
+  for (int i = 0; i < 16; ++i) rows[threadIdx.x][i] = float(threadIdx.x * 100 + i);
+  ptx::thread_fence_proxy_async_smem();
+  __syncthreads();
+  ptx::thread_bulk_reduce_add_f32(gmem + threadIdx.x * 16, rows[threadIdx.x], 16 * 4);
+  ptx::thread_bulk_commit();
+  ptx::thread_bulk_wait_read_all();
+  if (threadIdx.x == 0) *ran = 1;
+#else
+  if (threadIdx.x == 0) *ran = 0;
+#endif
 }
 
 template <class T>
@@ -170,6 +188,22 @@ TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
   EXPECT_EQ(e[5], 0.f);  // exp2(-inf) = 0: what masked scores rely on
   cudaFree(dx);
   for (auto p : d) cudaFree(p);
+}
+
+TEST_F(Ptx, BulkReduceAddsRowsOnHopper) {
+  std::vector<float> base(64);
+  for (int i = 0; i < 64; ++i) base[i] = 0.25f * float(i);
+  float* d = to_device(base);
+  int* ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  bulk_reduce_kernel<<<1, 4>>>(d, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  int did = to_host(ran, 1)[0];
+  if (!did) GTEST_SKIP() << "bulk reduce needs sm90";
+  auto got = to_host(d, 64);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(got[i], base[i] + float((i / 16) * 100 + i % 16)) << i;
+  cudaFree(d);
+  cudaFree(ran);
 }
 
 }  // namespace

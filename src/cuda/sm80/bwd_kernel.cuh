@@ -9,15 +9,17 @@
 //      lse2), dP^T = V dO^T, dS^T = P^T o (dP^T - D) (times the softcap derivative and the scale),
 //      dV += P^T dO, dK += dS^T Q, and dQ += dS K into an fp32 accumulator in global memory;
 //   3. convert: dq = dq_accum in the input dtype.
-// dQ accumulation: by default fp32 atomics (red.global.add), whose order varies between runs. In
-// deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking key tiles
+// dQ accumulation: by default fp32 atomics, whose order varies between runs: on sm90 the warps stage
+// their dQ tile in shared memory and one bulk reduce-add per row (the copy engine) replaces
+// 64 x head_dim scalar atomics, which bound the kernel on L2 throughput; elsewhere red.global.add
+// per element. In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking key tiles
 // split, split + splits, ... and adding its dQ into its own fp32 slice with plain loads and stores
 // (no other CTA touches that slice); the convert kernel sums the slices in index order.
 //
-// Warp layouts (4 or 8 warps; 4 warps along 64 keys / 64 query rows, kWarpsX = warps / 4 along the
-// other dimension): phase 1 (S^T, dP^T) 16 keys x 64/kWarpsX queries per warp; phase 2 (dV, dK)
-// 16 keys x d/kWarpsX; phase 3 (dQ) 16 queries x d/kWarpsX. P^T and dS^T pass between phases
-// through shared memory as 16-bit values, as FlashAttention-2 does.
+// Warp layouts: phases 1 (S^T, dP^T) and 2 (dV, dK) put kBlockN/16 warps along the keys and the
+// rest (kWarpsX12) along the queries (phase 1) or the head dim (phase 2); phase 3 (dQ) puts 4 warps
+// along the 64 query rows and the rest (kWarpsX3) along the head dim. P^T and dS^T pass between
+// phases through shared memory as 16-bit values, as FlashAttention-2 does.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +31,7 @@
 #include "core/params.h"
 #include "core/softmax_state.h"
 #include "cuda/ptx/sm80.cuh"
+#include "cuda/ptx/sm90.cuh"
 #include "cuda/sm80/smem_tile.cuh"
 
 namespace flashattn::cuda {
@@ -45,27 +48,32 @@ struct BwdWorkspace {
 
 namespace flashattn::cuda::sm80 {
 
-template <int kHeadDim_, class Element_, int kWarps_, int kStages_>
+template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;  // Q/dO tiles in flight
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockN = 64;  // keys per CTA
   static constexpr int kBlockM = 64;  // query rows per step
-  static constexpr int kWarpsX = kWarps / 4;
-  static constexpr int kColsS = kBlockM / kWarpsX;    // query columns of S^T per warp
-  static constexpr int kColsD = kHeadDim / kWarpsX;   // head-dim columns of dK, dV, dQ per warp
+  static constexpr int kWarpsN = kBlockN / 16;
+  static constexpr int kWarpsX12 = kWarps / kWarpsN;
+  static constexpr int kWarpsX3 = kWarps / 4;
+  static constexpr int kColsS = kBlockM / kWarpsX12;   // query columns of S^T per warp
+  static constexpr int kColsD12 = kHeadDim / kWarpsX12;  // head-dim columns of dK, dV per warp
+  static constexpr int kColsD3 = kHeadDim / kWarpsX3;    // head-dim columns of dQ per warp
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kChunksP = kBlockM / 8;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
+  // Each stage holds Q then dO: 2 * kTileQ 16-bit values = one fp32 [kBlockM][kHeadDim] tile, which
+  // phase 3 reuses to stage dQ for the bulk reduce once phase 2 is done with Q and dO.
   static constexpr int kSmemBytes =
       (2 * kTileKV + 2 * kStages * kTileQ + 2 * kTileP) * int(sizeof(Element)) + 2 * kStages * kBlockM * 4;
-  static_assert(kWarps == 4 || kWarps == 8, "4 warps along keys, times 1 or 2");
-  static_assert(kColsD % 16 == 0 && kColsS % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
+  static_assert(kWarps % kWarpsN == 0 && kWarps % 4 == 0, "warp layouts must tile the CTA");
+  static_assert(kColsD12 % 16 == 0 && kColsD3 % 16 == 0 && kColsS % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
 };
 
 // Rows [q0, q0 + seqlen) of sequence b in the dense workspace arrays.
@@ -148,15 +156,15 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
   extern __shared__ __align__(128) unsigned char smem_raw[];
   E* sK = reinterpret_cast<E*>(smem_raw);
   E* sV = sK + T::kTileKV;
-  E* sQ = sV + T::kTileKV;               // [kStages][kTileQ]
-  E* sdO = sQ + T::kStages * T::kTileQ;  // [kStages][kTileQ]
-  E* sP = sdO + T::kStages * T::kTileQ;  // P^T  [keys][queries]
-  E* sdS = sP + T::kTileP;               // dS^T [keys][queries]
+  E* sStage = sV + T::kTileKV;                  // [kStages][Q | dO]
+  E* sP = sStage + 2 * T::kStages * T::kTileQ;  // P^T  [keys][queries]
+  E* sdS = sP + T::kTileP;                      // dS^T [keys][queries]
   float* sLse = reinterpret_cast<float*>(sdS + T::kTileP);  // [kStages][kBlockM]
   float* sDelta = sLse + T::kStages * T::kBlockM;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, mi = lane >> 3;
-  const int warp_k = warp % 4, warp_x = warp / 4;
+  const int warp_n = warp % T::kWarpsN, warp_x = warp / T::kWarpsN;  // phases 1 and 2
+  const int warp_m = warp % 4, warp_d = warp / 4;                    // phase 3
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = int(p.heads_q / p.heads_kv);
 
@@ -178,12 +186,18 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
   // Lane address plans (smem_tile.cuh): A fragments of K, V (phase 1) and of P^T, dS^T (phase 2),
   // the rows of this warp; B fragments of Q, dO (phase 1, non-transposed); transposed B fragments
   // of dO, Q (phase 2) and K (phase 3); transposed A fragments of dS^T (phase 3).
-  const LaneRows<T::kChunks> kv_a(16 * warp_k + (lane & 15), lane >> 4);
-  const LaneRows<T::kChunksP> p_a(16 * warp_k + (lane & 15), lane >> 4);
+  const LaneRows<T::kChunks> kv_a(16 * warp_n + (lane & 15), lane >> 4);
+  const LaneRows<T::kChunksP> p_a(16 * warp_n + (lane & 15), lane >> 4);
   const LaneRows<T::kChunks> qdo_b(T::kColsS * warp_x + 8 * (mi >> 1) + (lane & 7), mi & 1);
   const LaneRows<T::kChunks> trans_b(8 * (mi & 1) + (lane & 7), mi >> 1);
   const LaneRows<T::kChunksP> ds_a_trans(8 * (mi >> 1) + (lane & 7), mi & 1);
-  const int d_chunk0 = T::kColsD / 8 * warp_x;  // first head-dim chunk of this warp (even)
+  const int d_chunk12 = T::kColsD12 / 8 * warp_x;  // first head-dim chunk of this warp (even)
+  const int d_chunk3 = T::kColsD3 / 8 * warp_d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool bulk_dq = !deterministic;
+#else
+  const bool bulk_dq = false;
+#endif
 
   const int64_t n_blocks = (sk + T::kBlockN - 1) / T::kBlockN;
   for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
@@ -194,9 +208,9 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
     const int64_t m_begin = row_first / T::kBlockM, m_end = (row_last + T::kBlockM - 1) / T::kBlockM;
     const int64_t steps = (m_end - m_begin) * group;  // (query head, query tile) pairs
 
-    float acc_dk[T::kColsD / 8][4], acc_dv[T::kColsD / 8][4];
+    float acc_dk[T::kColsD12 / 8][4], acc_dv[T::kColsD12 / 8][4];
 #pragma unroll
-    for (int j = 0; j < T::kColsD / 8; ++j)
+    for (int j = 0; j < T::kColsD12 / 8; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc_dk[j][i] = acc_dv[j][i] = 0.f;
 
@@ -209,9 +223,10 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
       const int h = hk * group + int(step / (m_end - m_begin));
       const int64_t m0 = (m_begin + step % (m_end - m_begin)) * T::kBlockM;
       const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-      block_load_tile<T, T::kBlockM>(sQ + stage * T::kTileQ, static_cast<const E*>(p.q) + p.q_s.offset(b, q0 + m0, h),
-                                     p.q_s.row, rows, chunks_valid);
-      block_load_tile<T, T::kBlockM>(sdO + stage * T::kTileQ,
+      block_load_tile<T, T::kBlockM>(sStage + 2 * stage * T::kTileQ,
+                                     static_cast<const E*>(p.q) + p.q_s.offset(b, q0 + m0, h), p.q_s.row, rows,
+                                     chunks_valid);
+      block_load_tile<T, T::kBlockM>(sStage + (2 * stage + 1) * T::kTileQ,
                                      static_cast<const E*>(p.dout) + p.do_s.offset(b, q0 + m0, h), p.do_s.row, rows,
                                      chunks_valid);
       if (threadIdx.x < T::kBlockM) {
@@ -236,8 +251,8 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
       const int stage = int(it % T::kStages);
       const int h = hk * group + int(it / (m_end - m_begin));
       const int64_t m0 = (m_begin + it % (m_end - m_begin)) * T::kBlockM;
-      const E* sQs = sQ + stage * T::kTileQ;
-      const E* sdOs = sdO + stage * T::kTileQ;
+      E* sQs = sStage + 2 * stage * T::kTileQ;
+      const E* sdOs = sQs + T::kTileQ;
       const float* lse2 = sLse + stage * T::kBlockM;
       const float* delta = sDelta + stage * T::kBlockM;
 
@@ -272,7 +287,7 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
         const float2 dl = *reinterpret_cast<const float2*>(delta + col);
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-          const int row = 16 * warp_k + g + 8 * rr;
+          const int row = 16 * warp_n + g + 8 * rr;
           float pv[2], dsv[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -295,17 +310,17 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
       }
       __syncthreads();
 
-      // Phase 2: dV += P^T dO and dK += dS^T Q for this warp's 16 keys x kColsD columns.
+      // Phase 2: dV += P^T dO and dK += dS^T Q for this warp's 16 keys x kColsD12 columns.
 #pragma unroll
       for (int kk = 0; kk < T::kBlockM / 16; ++kk) {
         uint32_t a_p[4], a_ds[4];
         ptx::warp_ldmatrix_x4(a_p, sP + p_a.at(0, 2 * kk));
         ptx::warp_ldmatrix_x4(a_ds, sdS + p_a.at(0, 2 * kk));
 #pragma unroll
-        for (int jd = 0; jd < T::kColsD / 8; jd += 2) {
+        for (int jd = 0; jd < T::kColsD12 / 8; jd += 2) {
           uint32_t bdo[4], bq[4];
-          ptx::warp_ldmatrix_x4_trans(bdo, sdOs + trans_b.at(16 * kk, d_chunk0 + jd));
-          ptx::warp_ldmatrix_x4_trans(bq, sQs + trans_b.at(16 * kk, d_chunk0 + jd));
+          ptx::warp_ldmatrix_x4_trans(bdo, sdOs + trans_b.at(16 * kk, d_chunk12 + jd));
+          ptx::warp_ldmatrix_x4_trans(bq, sQs + trans_b.at(16 * kk, d_chunk12 + jd));
           Mma::warp_m16n8k16(acc_dv[jd], a_p, bdo[0], bdo[1]);
           Mma::warp_m16n8k16(acc_dv[jd + 1], a_p, bdo[2], bdo[3]);
           Mma::warp_m16n8k16(acc_dk[jd], a_ds, bq[0], bq[1]);
@@ -313,40 +328,64 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
         }
       }
 
-      // Phase 3: dQ += dS K for this warp's 16 query rows x kColsD columns, into fp32 global memory.
+      // Phase 3: dQ += dS K for this warp's 16 query rows x kColsD3 columns, into fp32 global memory.
       {
-        float acc_dq[T::kColsD / 8][4];
+        float acc_dq[T::kColsD3 / 8][4];
 #pragma unroll
-        for (int j = 0; j < T::kColsD / 8; ++j)
+        for (int j = 0; j < T::kColsD3 / 8; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc_dq[j][i] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
           uint32_t a_ds[4];
-          ptx::warp_ldmatrix_x4_trans(a_ds, sdS + ds_a_trans.at(16 * kk, 2 * warp_k));
+          ptx::warp_ldmatrix_x4_trans(a_ds, sdS + ds_a_trans.at(16 * kk, 2 * warp_m));
 #pragma unroll
-          for (int jd = 0; jd < T::kColsD / 8; jd += 2) {
+          for (int jd = 0; jd < T::kColsD3 / 8; jd += 2) {
             uint32_t bk[4];
-            ptx::warp_ldmatrix_x4_trans(bk, sK + trans_b.at(16 * kk, d_chunk0 + jd));
+            ptx::warp_ldmatrix_x4_trans(bk, sK + trans_b.at(16 * kk, d_chunk3 + jd));
             Mma::warp_m16n8k16(acc_dq[jd], a_ds, bk[0], bk[1]);
             Mma::warp_m16n8k16(acc_dq[jd + 1], a_ds, bk[2], bk[3]);
           }
         }
+        const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
+        if (bulk_dq) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          // Stage the CTA's dQ tile as fp32 [kBlockM][kHeadDim] in this step's Q|dO buffer (free once
+          // every warp has finished phase 2), then one bulk reduce-add per valid row.
+          float* sdQ = reinterpret_cast<float*>(sQs);
+          __syncthreads();
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int64_t qrow = m0 + 16 * warp_k + g + 8 * rr;
-          if (qrow >= sq) continue;
-          float* dst = dq_slice + ((wrow0 + qrow) * p.heads_q + h) * p.head_dim;
+          for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-          for (int j = 0; j < T::kColsD / 8; ++j) {
-            const int col = 8 * (d_chunk0 + j) + 2 * t;
-            if (col >= p.head_dim) continue;
+            for (int j = 0; j < T::kColsD3 / 8; ++j)
+              *reinterpret_cast<float2*>(sdQ + (16 * warp_m + g + 8 * rr) * T::kHeadDim + 8 * (d_chunk3 + j) + 2 * t) =
+                  make_float2(acc_dq[j][2 * rr], acc_dq[j][2 * rr + 1]);
+          ptx::thread_fence_proxy_async_smem();
+          __syncthreads();
+          if (int(threadIdx.x) < rows) {
+            float* dst = dq_slice + ((wrow0 + m0 + threadIdx.x) * p.heads_q + h) * p.head_dim;
+            ptx::thread_bulk_reduce_add_f32(dst, sdQ + threadIdx.x * T::kHeadDim, uint32_t(p.head_dim * 4));
+            ptx::thread_bulk_commit();
+            ptx::thread_bulk_wait_read_all();
+          }
+#endif
+        } else {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (deterministic)
-                dst[col + e] += acc_dq[j][2 * rr + e];
-              else
-                atomicAdd(dst + col + e, acc_dq[j][2 * rr + e]);
+          for (int rr = 0; rr < 2; ++rr) {
+            const int row = 16 * warp_m + g + 8 * rr;
+            if (row >= rows) continue;
+            float* dst = dq_slice + ((wrow0 + m0 + row) * p.heads_q + h) * p.head_dim;
+#pragma unroll
+            for (int j = 0; j < T::kColsD3 / 8; ++j) {
+              const int col = 8 * (d_chunk3 + j) + 2 * t;
+              if (col >= p.head_dim) continue;
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                if (deterministic)
+                  dst[col + e] += acc_dq[j][2 * rr + e];
+                else
+                  atomicAdd(dst + col + e, acc_dq[j][2 * rr + e]);
+              }
             }
           }
         }
@@ -374,13 +413,13 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
     // dK, dV of this key tile, written once (all query heads of the group are in).
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int row = 16 * warp_k + g + 8 * rr;
+      const int row = 16 * warp_n + g + 8 * rr;
       if (row >= keys_valid) continue;
       E* dk = static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk);
       E* dv = static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk);
 #pragma unroll
-      for (int j = 0; j < T::kColsD / 8; ++j) {
-        const int col = 8 * (d_chunk0 + j) + 2 * t;
+      for (int j = 0; j < T::kColsD12 / 8; ++j) {
+        const int col = 8 * (d_chunk12 + j) + 2 * t;
         if (col >= p.head_dim) continue;
         *reinterpret_cast<uint32_t*>(dk + col) = ptx::thread_pack2<E>(acc_dk[j][2 * rr], acc_dk[j][2 * rr + 1]);
         *reinterpret_cast<uint32_t*>(dv + col) = ptx::thread_pack2<E>(acc_dv[j][2 * rr], acc_dv[j][2 * rr + 1]);

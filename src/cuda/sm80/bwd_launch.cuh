@@ -15,7 +15,7 @@ namespace flashattn::cuda {
 template <int kHeadDim, class Element, int kArch>
 void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
   constexpr PortableBwdTile tile = portable_bwd_tile<kArch>(kHeadDim);
-  using T = sm80::BwdTraits<kHeadDim, Element, tile.warps, tile.stages>;
+  using T = sm80::BwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.stages>;
   int device = 0, smem_optin = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
