@@ -102,18 +102,19 @@ TileConfig<T> make_config(DType dtype, float scale, float softcap, const core::M
   return c;
 }
 
+// Copies one row of d values of the tensor's dtype into dst as T (a copy, or a widening).
 template <class T>
-T load_value(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::f16: return T(core::to_float(static_cast<const core::half_t*>(base)[i]));
-    case DType::bf16: return T(core::to_float(static_cast<const core::bfloat16_t*>(base)[i]));
-    case DType::f32: return T(static_cast<const float*>(base)[i]);
-    default: return T(static_cast<const double*>(base)[i]);
-  }
+void copy_row(const TileKernels<T>& kern, DType dtype, const void* src, T* dst, int64_t d) {
+  if (dtype_size(dtype) == int64_t(sizeof(T)))
+    std::memcpy(dst, src, size_t(d) * sizeof(T));
+  else
+    kern.widen(src, dtype, dst, d);
 }
 
 // Starts a query tile of `rows` rows: row i has its q values at q_row(i) and query position
 // pos(i) (nondecreasing in i). Packs Q^T (scaled, zero-padded to mpad) and resets the state.
+// Rows are first copied whole into the (still free) key buffer, so the reads from the tensor are
+// row-contiguous, then transposed from there.
 template <class T, class QRow, class Pos>
 void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t rows,
                 const QRow& q_row, const Pos& pos) {
@@ -121,15 +122,16 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
   ws.rows = rows;
   ws.mpad = ceil_div(rows, kern.row_align) * kern.row_align;
   T* qt = ws.qt.get();
+  T* staged = ws.kt.get();
+  for (int64_t r0 = 0; r0 < ws.mpad; r0 += kBlockN) {
+    const int64_t r1 = r0 + kBlockN < ws.mpad ? r0 + kBlockN : ws.mpad;
+    for (int64_t i = r0; i < r1 && i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), staged + (i - r0) * ws.ld, d);
+    for (int64_t x = 0; x < d; ++x)
+      for (int64_t i = r0; i < r1; ++i) qt[x * ws.mpad + i] = i < rows ? staged[(i - r0) * ws.ld + x] * cfg.q_scale : T(0);
+  }
   for (int64_t i = 0; i < ws.mpad; ++i) {
-    if (i < rows) {
-      const void* q = q_row(i);
-      for (int64_t x = 0; x < d; ++x) qt[x * ws.mpad + i] = load_value<T>(q, cfg.dtype, x) * cfg.q_scale;
-      ws.lo[i] = cfg.mask.lo(pos(i));
-      ws.hi[i] = cfg.mask.hi(pos(i));
-    } else {
-      for (int64_t x = 0; x < d; ++x) qt[x * ws.mpad + i] = T(0);
-    }
+    ws.lo[i] = i < rows ? cfg.mask.lo(pos(i)) : 0;
+    ws.hi[i] = i < rows ? cfg.mask.hi(pos(i)) : 0;
     ws.m[i] = core::neg_inf<T>();
     ws.l[i] = T(0);
   }
@@ -137,23 +139,14 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
   for (int64_t e = 0; e < d * ws.mpad; ++e) ot[e] = T(0);
 }
 
-// Packs keys [k0, k0 + nk) into ws.kt / ws.vt: copied for f32 / f64 storage, widened for f16 /
-// bf16. key_rows(t) returns the (k, v) row pointers of key t.
+// Packs keys [k0, k0 + nk) into ws.kt / ws.vt. key_rows(t) returns the (k, v) row pointers of key t.
 template <class T, class KeyRows>
 void load_keys(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, int64_t k0, int64_t nk,
                const KeyRows& key_rows) {
-  const bool same_type = dtype_size(dtype) == int64_t(sizeof(T));
   for (int64_t j = 0; j < nk; ++j) {
     auto [k, v] = key_rows(k0 + j);
-    T* kd = ws.kt.get() + j * ws.ld;
-    T* vd = ws.vt.get() + j * ws.ld;
-    if (same_type) {
-      std::memcpy(kd, k, size_t(ws.d) * sizeof(T));
-      std::memcpy(vd, v, size_t(ws.d) * sizeof(T));
-    } else {
-      kern.widen(k, dtype, kd, ws.d);
-      kern.widen(v, dtype, vd, ws.d);
-    }
+    copy_row(kern, dtype, k, ws.kt.get() + j * ws.ld, ws.d);
+    copy_row(kern, dtype, v, ws.vt.get() + j * ws.ld, ws.d);
   }
 }
 
@@ -173,56 +166,20 @@ inline int64_t tile_keys(int64_t seqlen_k, int64_t n) {
   return seqlen_k - n * kBlockN < kBlockN ? seqlen_k - n * kBlockN : kBlockN;
 }
 
-// Software prefetch of the next key tile, issued in small portions between slices of the current
-// tile's arithmetic. Key rows lie one head-stride apart, a pattern the hardware prefetchers do not
-// follow, and a tile's worth of misses issued at once would wait on each other.
-template <class KeyRows>
-class NextTilePrefetch {
- public:
-  NextTilePrefetch(const KeyRows& key_rows, int64_t k0, int64_t nk, int64_t row_bytes, int64_t portions)
-      : key_rows_(key_rows), k0_(k0), nk_(nk), row_bytes_(row_bytes), per_portion_(ceil_div(2 * nk, portions)) {}
-  void portion() {
-    for (int64_t e = 0; e < per_portion_ && next_ < 2 * nk_; ++e, ++next_) {
-      auto [k, v] = key_rows_(k0_ + next_ / 2);
-      const char* row = static_cast<const char*>(next_ % 2 == 0 ? k : v);
-      for (int64_t b = 0; b < row_bytes_; b += 64) __builtin_prefetch(row + b, 0, 3);
-    }
-  }
-
- private:
-  const KeyRows& key_rows_;
-  int64_t k0_, nk_, row_bytes_, per_portion_, next_ = 0;
-};
-
-// Rows per slice of the two matrix products, between which the prefetches go: a multiple of
-// every level's micro-tile width.
-inline constexpr int64_t kSliceRows = 48;
-
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
 // tile; `range` says which of them need the element-wise mask.
 template <class T, class KeyRows>
 void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const core::TileRange& range,
                   int64_t n_begin, int64_t n_end, const KeyRows& key_rows) {
-  const int64_t d = ws.d, mpad = ws.mpad, sk = cfg.mask.seqlen_k;
-  const int64_t slices = ceil_div(mpad, kSliceRows);
+  const int64_t d = ws.d, mpad = ws.mpad;
   for (int64_t n = n_begin; n < n_end; ++n) {
-    const int64_t k0 = n * kBlockN, nk = tile_keys(sk, n);
+    const int64_t k0 = n * kBlockN, nk = tile_keys(cfg.mask.seqlen_k, n);
     load_keys(ws, kern, cfg.dtype, k0, nk, key_rows);
-    NextTilePrefetch<KeyRows> prefetch(key_rows, k0 + kBlockN, n + 1 < n_end ? tile_keys(sk, n + 1) : 0,
-                                       d * dtype_size(cfg.dtype), 2 * slices);
-    for (int64_t i0 = 0; i0 < mpad; i0 += kSliceRows) {
-      int64_t rows = mpad - i0 < kSliceRows ? mpad - i0 : kSliceRows;
-      kern.scores(ws.kt.get(), ws.ld, nk, ws.qt.get() + i0, d, rows, mpad, ws.st.get() + i0);
-      prefetch.portion();
-    }
+    kern.scores(ws.kt.get(), ws.ld, nk, ws.qt.get(), d, mpad, ws.st.get());
     if (cfg.softcap != T(0)) kern.softcap(ws.st.get(), nk * mpad, cfg.softcap);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk);
     kern.softmax(ws.st.get(), nk, mpad, cfg.exp2_scale, ws.m, ws.l, ws.f);
-    for (int64_t i0 = 0; i0 < mpad; i0 += kSliceRows) {
-      int64_t rows = mpad - i0 < kSliceRows ? mpad - i0 : kSliceRows;
-      kern.accumulate(ws.vt.get(), ws.ld, nk, ws.st.get() + i0, rows, mpad, d, ws.f + i0, ws.ot.get() + i0);
-      prefetch.portion();
-    }
+    kern.accumulate(ws.vt.get(), ws.ld, nk, ws.st.get(), mpad, d, ws.f, ws.ot.get());
   }
 }
 
