@@ -78,14 +78,15 @@ void heaviest_first(std::vector<Task>& tasks) {
 
 template <class Acc>
 struct Scratch {
-  std::vector<Acc> q, dout, k, kt, vt, p, dp, deriv;
+  // Q, dO and K, V tiles: each pass keeps one pair transposed (see bwd::TileStep).
+  std::vector<Acc> q, dout, k, v, p, dp, deriv;
   std::vector<double> acc_k, acc_v;
   std::vector<Acc> base, delta;
   std::vector<int64_t> lo, hi;
 
   Scratch(int64_t tile, int64_t d)
-      : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), kt(size_t(tile * d)),
-        vt(size_t(tile * d)), p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
+      : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
+        p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
         acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), base(size_t(tile)),
         delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)) {}
 };
@@ -139,14 +140,24 @@ class Backward {
     return {first / tile_, (last + tile_ - 1) / tile_};
   }
 
-  // A step over the worker's tiles; the caller fills in the key tile's position and mask flag.
-  bwd::TileStep<Acc> step_for(Scratch<Acc>& w) const {
+  // A step over the worker's tiles, in the layout of the pass (see bwd::TileStep); the caller
+  // fills in the key tile's position and mask flag.
+  bwd::TileStep<Acc> step_for(Scratch<Acc>& w, bool dq_pass) const {
     bwd::TileStep<Acc> st = step_;
-    st.q = w.q.data();
-    st.dout = w.dout.data();
-    st.k = w.k.data();
-    st.kt = w.kt.data();
-    st.vt = w.vt.data();
+    if (dq_pass) {
+      st.qt = w.q.data();
+      st.dot = w.dout.data();
+      st.k = w.k.data();
+      st.v = w.v.data();
+      st.dq = w.acc_k.data();
+    } else {
+      st.q = w.q.data();
+      st.dout = w.dout.data();
+      st.kt = w.k.data();
+      st.vt = w.v.data();
+      st.dk = w.acc_k.data();
+      st.dv = w.acc_v.data();
+    }
     st.base = w.base.data();
     st.delta = w.delta.data();
     st.lo = w.lo.data();
@@ -154,16 +165,21 @@ class Backward {
     st.p = w.p.data();
     st.dp = w.dp.data();
     st.deriv = w.deriv.data();
-    st.dk = w.acc_k.data();
-    st.dv = w.acc_v.data();
-    st.dq = w.acc_k.data();  // the two passes never share a worker's accumulators at the same time
     return st;
   }
 
-  // Q and dO of query rows [r0, r0 + rows) of head h, and each row's visible key range.
-  void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, Scratch<Acc>& w) const {
-    load_tile<T>(w.q.data(), tile_, p_.q, p_.q_s, b, s.q_tok0 + r0, rows, h, d_);
-    load_tile<T>(w.dout.data(), tile_, p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h, d_);
+  // Q and dO of query rows [r0, r0 + rows) of head h (transposed for the dq pass, whose tasks own
+  // them), and each row's visible key range.
+  void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
+                       Scratch<Acc>& w) const {
+    const int64_t tok0 = s.q_tok0 + r0;
+    if (transposed) {
+      load_tile_transposed<T>(w.q.data(), tile_, p_.q, p_.q_s, b, tok0, rows, h, d_);
+      load_tile_transposed<T>(w.dout.data(), tile_, p_.dout, p_.do_s, b, tok0, rows, h, d_);
+    } else {
+      load_tile<T>(w.q.data(), tile_, p_.q, p_.q_s, b, tok0, rows, h, d_);
+      load_tile<T>(w.dout.data(), tile_, p_.dout, p_.do_s, b, tok0, rows, h, d_);
+    }
     const core::MaskSpec mask = mask_of(s);
     for (int64_t i = 0; i < tile_; ++i) {
       w.lo[size_t(i)] = mask.lo(r0 + i);
@@ -171,26 +187,31 @@ class Backward {
     }
   }
 
-  // K^T and V^T of keys [c0, c0 + cols) of KV head hk, and K itself when with_rows (for dQ += dS K).
-  void load_key_tile(const Seq& s, int64_t b, int64_t hk, int64_t c0, int64_t cols, bool with_rows,
+  // K and V of keys [c0, c0 + cols) of KV head hk (transposed for the dk/dv pass, whose tasks own
+  // them).
+  void load_key_tile(const Seq& s, int64_t b, int64_t hk, int64_t c0, int64_t cols, bool transposed,
                      Scratch<Acc>& w) const {
     const int64_t tok0 = s.k_tok0 + c0;
-    load_tile_transposed<T>(w.kt.data(), tile_, p_.k, p_.k_s, b, tok0, cols, hk, d_);
-    load_tile_transposed<T>(w.vt.data(), tile_, p_.v, p_.v_s, b, tok0, cols, hk, d_);
-    if (with_rows) load_tile<T>(w.k.data(), tile_, p_.k, p_.k_s, b, tok0, cols, hk, d_);
+    if (transposed) {
+      load_tile_transposed<T>(w.k.data(), tile_, p_.k, p_.k_s, b, tok0, cols, hk, d_);
+      load_tile_transposed<T>(w.v.data(), tile_, p_.v, p_.v_s, b, tok0, cols, hk, d_);
+    } else {
+      load_tile<T>(w.k.data(), tile_, p_.k, p_.k_s, b, tok0, cols, hk, d_);
+      load_tile<T>(w.v.data(), tile_, p_.v, p_.v_s, b, tok0, cols, hk, d_);
+    }
   }
 
   // Pass 1: the row statistics of one query tile, then its dQ over the key tiles it sees.
   void dq_task(const Task& t, Scratch<Acc>& w) {
     const Seq s = seq_of(p_, t.b);
     const int64_t r0 = t.tile * tile_, rows = std::min(tile_, s.sq - r0), hk = t.head / p_.group();
-    load_query_tile(s, t.b, t.head, r0, rows, w);
+    load_query_tile(s, t.b, t.head, r0, rows, true, w);
     row_statistics(s, t.b, t.head, r0, rows, w);
     std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
-    bwd::TileStep<Acc> st = step_for(w);
+    bwd::TileStep<Acc> st = step_for(w, true);
     const core::TileRange range = core::tile_range(mask_of(s), r0, r0 + rows, tile_);
     for (int64_t n = range.n_begin; n < range.n_end; ++n) {
-      load_key_tile(s, t.b, hk, n * tile_, std::min(tile_, s.sk - n * tile_), true, w);
+      load_key_tile(s, t.b, hk, n * tile_, std::min(tile_, s.sk - n * tile_), false, w);
       st.n0 = n * tile_;
       st.masked = range.needs_mask(n);
       ops_.dq(st);
@@ -198,7 +219,8 @@ class Backward {
     store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, rows, t.head, d_, w.acc_k.data(), double(p_.scale));
   }
 
-  // D = rowsum(dO o O) and base = lse * log2(e) of the tile's rows, into w and the shared buffers.
+  // D = rowsum(dO o O) (dO^T is in w.dout) and base = lse * log2(e) of the tile's rows, into w and
+  // the shared buffers.
   // A row whose lse is -inf saw no key: base = +inf makes every P of it exp2(-inf) = 0 and D = 0,
   // so it contributes nothing and its gradients are exactly zero. Padding rows are treated alike.
   void row_statistics(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, Scratch<Acc>& w) {
@@ -211,7 +233,7 @@ class Backward {
         const Acc l = lse[p_.lse_s.offset(b, s.q_tok0 + r0 + i, h)];
         if (l != -kInf) {
           const T* o = out + p_.o_s.offset(b, s.q_tok0 + r0 + i, h);
-          for (int64_t x = 0; x < d_; ++x) delta += w.dout[size_t(i * d_ + x)] * load_acc<Acc>(o + x);
+          for (int64_t x = 0; x < d_; ++x) delta += w.dout[size_t(x * tile_ + i)] * load_acc<Acc>(o + x);
           base = l * Acc(core::kLog2e);
         }
         base_[size_t(h * p_.total_q + s.q_row0 + r0 + i)] = base;
@@ -228,10 +250,10 @@ class Backward {
     const Seq s = seq_of(p_, t.b);
     const int64_t c0 = t.tile * tile_, cols = std::min(tile_, s.sk - c0);
     const core::MaskSpec mask = mask_of(s);
-    load_key_tile(s, t.b, t.head, c0, cols, false, w);
+    load_key_tile(s, t.b, t.head, c0, cols, true, w);
     std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
     std::fill(w.acc_v.begin(), w.acc_v.end(), 0.0);
-    bwd::TileStep<Acc> st = step_for(w);
+    bwd::TileStep<Acc> st = step_for(w, false);
     st.n0 = c0;
     const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
     for (int64_t h = t.head * p_.group(); h < (t.head + 1) * p_.group(); ++h) {
@@ -239,7 +261,7 @@ class Backward {
         const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
         const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
         if (t.tile < range.n_begin || t.tile >= range.n_end) continue;  // its rows all see nothing
-        load_query_tile(s, t.b, h, r0, rows, w);
+        load_query_tile(s, t.b, h, r0, rows, false, w);
         for (int64_t i = 0; i < tile_; ++i) {
           const bool real = i < rows;
           const size_t at = size_t(h * p_.total_q + s.q_row0 + r0 + i);

@@ -4,9 +4,9 @@
 // active SIMD level (simd.h).
 //
 // All tiles are dense, row-major, in accumulator precision T (float, or double for f64), padded to
-// full size with zero rows: a padded query row has base = +inf (so P = 0) and a padded key column
-// is outside every row's visible range (block_range.h puts a partial last key tile in the masked
-// set), so padding never reaches a gradient.
+// full size with zeros: a padded query row has base = +inf (so P = 0) and a padded key is outside
+// every row's visible range (block_range.h puts a partial last key tile in the masked set), so
+// padding never reaches a gradient.
 #pragma once
 
 #include <cstdint>
@@ -16,26 +16,32 @@ namespace flashattn::cpu::bwd {
 template <class T>
 struct TileStep {
   int64_t bm = 0, bn = 0, d = 0;  // query rows, keys, head dim (all multiples of 8)
-  const T* q = nullptr;           // [bm][d]
-  const T* dout = nullptr;        // [bm][d]
-  const T* k = nullptr;           // [bn][d], read by the dq step only
-  const T* kt = nullptr;          // [d][bn]
-  const T* vt = nullptr;          // [d][bn]
+  // The dkdv step keeps scores as S [bm][bn] and reads
+  const T* q = nullptr;     // [bm][d]
+  const T* dout = nullptr;  // [bm][d]
+  const T* kt = nullptr;    // [d][bn]
+  const T* vt = nullptr;    // [d][bn]
+  // the dq step keeps them as S^T [bn][bm] and reads
+  const T* qt = nullptr;    // [d][bm]
+  const T* dot = nullptr;   // [d][bm], dO^T
+  const T* k = nullptr;     // [bn][d]
+  const T* v = nullptr;     // [bn][d]
+  // so that each task transposes its fixed tiles once and streams the others as plain rows.
   const T* base = nullptr;        // [bm] lse * log2(e), +inf for rows that contribute nothing
   const T* delta = nullptr;       // [bm] D = rowsum(dO o O)
   const int64_t* lo = nullptr;    // [bm] visible keys of each row are [lo, hi) (read when masked)
   const int64_t* hi = nullptr;
-  int64_t n0 = 0;                 // key index of the tile's first column
+  int64_t n0 = 0;                 // index of the tile's first key
   bool masked = false;            // the tile needs the element-wise mask
   T score_mul = 0;                // no softcap: scale * log2(e); softcap: scale / softcap
   T cap_mul = 0;                  // softcap * log2(e), or 0 when there is no softcap
 
-  T* p = nullptr;      // scratch [bm][bn]: P, then dS
-  T* dp = nullptr;     // scratch [bm][bn]: dP
-  T* deriv = nullptr;  // scratch [bm][bn]: 1 - tanh^2 (softcap only)
+  T* p = nullptr;      // scratch, bm x bn in the step's layout: S, then P, then dS
+  T* dp = nullptr;     // scratch: dP
+  T* deriv = nullptr;  // scratch: 1 - tanh^2 (softcap only)
   // Gradient accumulators, unscaled (the caller multiplies by the softmax scale). Double even for
   // float math: each step adds one tile's float sums, so the rounding of a gradient stays that of
-  // a 64-term float sum instead of growing with the sequence length.
+  // one tile's sum instead of growing with the sequence length.
   double* dk = nullptr;  // [bn][d]
   double* dv = nullptr;  // [bn][d]
   double* dq = nullptr;  // [bm][d]

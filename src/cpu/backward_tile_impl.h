@@ -122,88 +122,102 @@ inline typename Simd<float, W>::reg exp2_poly(typename Simd<float, W>::reg x) {
   return x != x ? x : v;
 }
 
-// row[j] = 2^(row[j] * mul - base) for n values (n a multiple of W). The double path (f64
-// problems, used for gradient checks) keeps libm's exp2.
+// 2^x lane by lane: the polynomial for float, libm's exp2 for double (f64 problems exist for
+// gradient checks, where exactness matters more than speed).
 template <class T, int W>
-void exp2_row(T* row, int64_t n, T mul, T base) {
+inline typename Simd<T, W>::reg exp2_vec(typename Simd<T, W>::reg x) {
   if constexpr (std::is_same_v<T, float>) {
-    for (int64_t j = 0; j < n; j += W) store<T, W>(row + j, exp2_poly<W>(load<T, W>(row + j) * mul - base));
+    return exp2_poly<W>(x);
   } else {
-    for (int64_t j = 0; j < n; ++j) row[j] = exp2(row[j] * mul - base);
+    for (int l = 0; l < W; ++l) x[l] = exp2(x[l]);
+    return x;
   }
 }
 
 inline float tanh_t(float x) { return tanhf(x); }
 inline double tanh_t(double x) { return tanh(x); }
 
+// The score tile is S = Q K^T [bm][bn] (one row per query), or its transpose S^T [bn][bm] (one
+// row per key) when Transposed. The per-query values base, delta, lo and hi then index tile rows,
+// or tile columns (as vectors).
+template <bool Transposed, class T>
+struct Layout {
+  int64_t rows, cols;
+  explicit Layout(const TileStep<T>& st) : rows(Transposed ? st.bn : st.bm), cols(Transposed ? st.bm : st.bn) {}
+};
+
 // P = exp2(s2 - base) with s2 the score in the exp2 domain (capped when softcap is on), 0 where
-// masked. Overwrites st.p, which holds S = Q K^T on entry.
-template <class T, int W>
+// masked. Overwrites st.p, which holds the scores on entry.
+template <bool Transposed, class T, int W>
 void probabilities(const TileStep<T>& st) {
-  const int64_t bm = st.bm, bn = st.bn;
-  const bool softcap = st.cap_mul != T(0);
-  for (int64_t i = 0; i < bm; ++i) {
-    T* row = st.p + i * bn;
-    if (softcap) {
-      T* der = st.deriv + i * bn;
-      for (int64_t j = 0; j < bn; ++j) {
-        const T t = tanh_t(row[j] * st.score_mul);
-        der[j] = T(1) - t * t;
-        row[j] = t;
-      }
+  using reg = typename Simd<T, W>::reg;
+  const Layout<Transposed, T> t(st);
+  T mul = st.score_mul;
+  if (st.cap_mul != T(0)) {  // s = c * tanh(s / c): keep tanh here and 1 - tanh^2 for the gradient
+    for (int64_t e = 0; e < t.rows * t.cols; ++e) {
+      const T th = tanh_t(st.p[e] * st.score_mul);
+      st.deriv[e] = T(1) - th * th;
+      st.p[e] = th;
     }
-    exp2_row<T, W>(row, bn, softcap ? st.cap_mul : st.score_mul, st.base[i]);
-    if (st.masked) {
-      const int64_t lo = st.lo[i] - st.n0, hi = st.hi[i] - st.n0;
-      for (int64_t j = 0; j < bn; ++j) row[j] = (j >= lo && j < hi) ? row[j] : T(0);
+    mul = st.cap_mul;
+  }
+  for (int64_t r = 0; r < t.rows; ++r) {
+    T* row = st.p + r * t.cols;
+    for (int64_t c = 0; c < t.cols; c += W) {
+      const reg base = Transposed ? load<T, W>(st.base + c) : splat<T, W>(st.base[r]);
+      store<T, W>(row + c, exp2_vec<T, W>(load<T, W>(row + c) * mul - base));
+    }
+    if (!st.masked) continue;
+    if constexpr (Transposed) {
+      const int64_t key = st.n0 + r;
+      for (int64_t c = 0; c < t.cols; ++c) row[c] = (key >= st.lo[c] && key < st.hi[c]) ? row[c] : T(0);
+    } else {
+      const int64_t lo = st.lo[r] - st.n0, hi = st.hi[r] - st.n0;
+      for (int64_t c = 0; c < t.cols; ++c) row[c] = (c >= lo && c < hi) ? row[c] : T(0);
     }
   }
 }
 
 // dS = P o (dP - D), times the softcap derivative 1 - tanh^2 (the chain rule through c*tanh(s/c)).
-// Overwrites st.p with dS; st.dp holds dP.
-template <class T>
+// Overwrites st.p with dS; st.dp holds dP in the same layout.
+template <bool Transposed, class T>
 void score_grad(const TileStep<T>& st) {
-  const int64_t bm = st.bm, bn = st.bn;
-  for (int64_t i = 0; i < bm; ++i) {
-    T* row = st.p + i * bn;
-    const T* dp = st.dp + i * bn;
-    const T delta = st.delta[i];
-    for (int64_t j = 0; j < bn; ++j) row[j] = row[j] * (dp[j] - delta);
-    if (st.cap_mul != T(0)) {
-      const T* der = st.deriv + i * bn;
-      for (int64_t j = 0; j < bn; ++j) row[j] *= der[j];
+  const Layout<Transposed, T> t(st);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    T* row = st.p + r * t.cols;
+    const T* dp = st.dp + r * t.cols;
+    if constexpr (Transposed) {
+      for (int64_t c = 0; c < t.cols; ++c) row[c] *= dp[c] - st.delta[c];
+    } else {
+      const T delta = st.delta[r];
+      for (int64_t c = 0; c < t.cols; ++c) row[c] *= dp[c] - delta;
     }
   }
+  if (st.cap_mul != T(0))
+    for (int64_t e = 0; e < t.rows * t.cols; ++e) st.p[e] *= st.deriv[e];
 }
 
-// S = Q K^T, then P in st.p.
-template <class T, int W, int NV>
-void recompute_p(const TileStep<T>& st) {
-  gemm<false, T, W, NV>(st.q, st.kt, st.p, st.bm, st.bn, st.d, false);
-  probabilities<T, W>(st);
-}
-
-// dP = dO V^T, then dS in st.p (which holds P on entry).
-template <class T, int W, int NV>
-void p_to_ds(const TileStep<T>& st) {
-  gemm<false, T, W, NV>(st.dout, st.vt, st.dp, st.bm, st.bn, st.d, false);
-  score_grad(st);
-}
-
+// The key tile's view: S = Q K^T, dP = dO V^T in [bm][bn], so that the key-side products
+// dV += P^T dO and dK += dS^T Q read P and dS transposed in place.
 template <class T, int W, int NV>
 void dkdv_step(const TileStep<T>& st) {
-  recompute_p<T, W, NV>(st);
+  gemm<false, T, W, NV>(st.q, st.kt, st.p, st.bm, st.bn, st.d, false);  // S = Q K^T
+  probabilities<false, T, W>(st);
   gemm<true, T, W, NV>(st.p, st.dout, st.dv, st.bn, st.d, st.bm, true);  // dV += P^T dO
-  p_to_ds<T, W, NV>(st);
+  gemm<false, T, W, NV>(st.dout, st.vt, st.dp, st.bm, st.bn, st.d, false);  // dP = dO V^T
+  score_grad<false, T>(st);
   gemm<true, T, W, NV>(st.p, st.q, st.dk, st.bn, st.d, st.bm, true);  // dK += dS^T Q
 }
 
+// The query tile's view: S^T = K Q^T, dP^T = V dO^T in [bn][bm], so that the key and value tiles
+// it streams are plain row copies and dQ += dS K reads dS^T transposed in place.
 template <class T, int W, int NV>
 void dq_step(const TileStep<T>& st) {
-  recompute_p<T, W, NV>(st);
-  p_to_ds<T, W, NV>(st);
-  gemm<false, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+  gemm<false, T, W, NV>(st.k, st.qt, st.p, st.bn, st.bm, st.d, false);  // S^T = K Q^T
+  probabilities<true, T, W>(st);
+  gemm<false, T, W, NV>(st.v, st.dot, st.dp, st.bn, st.bm, st.d, false);  // dP^T = V dO^T
+  score_grad<true, T>(st);
+  gemm<true, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
 // W lanes per vector and NV vectors per register-block row: kMR * NV accumulators plus NV loads
