@@ -32,6 +32,9 @@ __device__ __forceinline__ void thread_bulk_wait_read_all() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
+// Waits until this thread's committed bulk operations have completed, global writes included.
+__device__ __forceinline__ void thread_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 #endif
 
 }  // namespace flashattn::cuda::ptx

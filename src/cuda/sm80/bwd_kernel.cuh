@@ -9,12 +9,14 @@
 //      lse2), dP^T = V dO^T, dS^T = P^T o (dP^T - D) (times the softcap derivative and the scale),
 //      dV += P^T dO, dK += dS^T Q, and dQ += dS K into an fp32 accumulator in global memory;
 //   3. convert: dq = dq_accum in the input dtype.
-// dQ accumulation: by default fp32 atomics, whose order varies between runs: on sm90 the warps stage
-// their dQ tile in shared memory and one bulk reduce-add per row (the copy engine) replaces
-// 64 x head_dim scalar atomics, which bound the kernel on L2 throughput; elsewhere red.global.add
-// per element. In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking key tiles
-// split, split + splits, ... and adding its dQ into its own fp32 slice with plain loads and stores
-// (no other CTA touches that slice); the convert kernel sums the slices in index order.
+// dQ accumulation: on sm90 the warps stage their dQ tile in shared memory and one bulk reduce-add
+// per row (the copy engine) replaces 64 x head_dim scalar atomics, which bound the kernel on L2
+// throughput; elsewhere red.global.add per element. Either way the order of additions varies
+// between runs. In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking
+// key tiles split, split + splits, ... and adding its dQ into its own fp32 slice, which no other
+// CTA touches: within one key tile each slice element gets one addition, and the CTA waits for its
+// bulk adds to complete (or, without the copy engine, uses plain loads and stores) before the next
+// key tile, so the order is fixed; the convert kernel sums the slices in index order.
 //
 // Warp layouts: phases 1 (S^T, dP^T) and 2 (dV, dK) put kBlockN/16 warps along the keys and the
 // rest (kWarpsX12) along the queries (phase 1) or the head dim (phase 2); phase 3 (dQ) puts 4 warps
@@ -194,7 +196,7 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
   const int d_chunk12 = T::kColsD12 / 8 * warp_x;  // first head-dim chunk of this warp (even)
   const int d_chunk3 = T::kColsD3 / 8 * warp_d;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool bulk_dq = !deterministic;
+  const bool bulk_dq = true;
 #else
   const bool bulk_dq = false;
 #endif
@@ -406,8 +408,12 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
       else
         step_fn(it, std::false_type{});
     }
-    // Drain the (empty) trailing groups before the next key tile reuses K/V memory.
+    // Drain the (empty) trailing groups before the next key tile reuses K/V memory; in
+    // deterministic mode also let this tile's dQ additions land before the next tile's.
     ptx::thread_cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (deterministic) ptx::thread_bulk_wait_all();
+#endif
     __syncthreads();
 
     // dK, dV of this key tile, written once (all query heads of the group are in).
