@@ -33,10 +33,11 @@
 namespace flashattn::cpu {
 namespace {
 
-// Rows per query tile and keys per key tile. A step touches Q, dO, K, K^T, V^T (tile x d, fp32),
-// P, dP (tile x tile) and two double accumulators (tile x d): at 64 and d = 128 about 300 KiB,
-// within a core's L2; wider heads take 32 to stay there.
-int64_t tile_for(int64_t head_dim) { return head_dim <= 128 ? 64 : 32; }
+// Rows per query tile and keys per key tile. Each step copies one pair of streamed tiles (tile x d)
+// for tile x tile x d arithmetic, so larger tiles amortize the copies; the working set (Q, dO, K, V
+// tiles, the tile x tile scores, dP and softcap derivative, two double accumulators) must stay
+// within a core's L2: about 450 KiB at 128 x 64, 300 KiB at 64 x 128 and 270 KiB at 32 x 256.
+int64_t tile_for(int64_t head_dim) { return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32; }
 
 // The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
 // FLASHATTN_CPU_KERNEL); AVX-512 machines run the AVX2 build of it.

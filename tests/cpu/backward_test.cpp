@@ -29,7 +29,8 @@ namespace reference = flashattn::reference;
 struct Case {
   std::string name;
   DType dtype = DType::f32;
-  int64_t batch = 2, sq = 77, sk = 131, hq = 4, hkv = 2, d = 64;
+  // Several tiles each way (64 or 128 rows and keys, by head dim), none of them full.
+  int64_t batch = 2, sq = 150, sk = 270, hq = 4, hkv = 2, d = 64;
   bool causal = false;
   int64_t wl = -1, wr = -1;
   float softcap = 0.f;
@@ -200,8 +201,11 @@ std::vector<Case> option_cases() {
   c = make("more_queries_than_keys_causal");
   c.sq = 150, c.sk = 41, c.causal = true;
   v.push_back(c);
-  c = make("tile_plus_minus_one");
-  c.sq = 65, c.sk = 63, c.causal = true;
+  c = make("tile_plus_minus_one");  // d = 64 works on 128 x 128 tiles
+  c.sq = 129, c.sk = 127, c.causal = true;
+  v.push_back(c);
+  c = make("tile_plus_minus_one_d72");  // d = 72 works on 64 x 64 tiles
+  c.sq = 63, c.sk = 65, c.d = 72, c.causal = true;
   v.push_back(c);
   c = make("strided_f16", DType::f16);
   c.pad = 3, c.causal = true, c.hkv = 1;
