@@ -1,8 +1,8 @@
-// The tile arithmetic of the CPU backward (see backward_tile.h), written as plain loops that the
-// compiler vectorizes for whatever ISA the including file is compiled for. Included by exactly one
-// file per ISA; everything is in an unnamed namespace so the per-ISA copies never meet at link time
-// (an AVX2 body must not be picked for a machine without AVX2). For the same reason this file uses
-// no inline functions from other project headers.
+// The tile arithmetic of the CPU backward (see backward_tile.h), written once over generic vectors
+// whose width the including file picks for its ISA. Included by exactly one file per ISA;
+// everything is in an unnamed namespace so the per-ISA copies never meet at link time (an AVX2
+// body must not be picked for a machine without AVX2). For the same reason this file uses no
+// inline functions from other project headers.
 #pragma once
 
 #include <cmath>
@@ -29,6 +29,16 @@ inline typename Simd<T, W>::reg load(const T* p) {
   typename Simd<T, W>::reg v;
   std::memcpy(&v, p, sizeof(v));  // an unaligned vector load
   return v;
+}
+
+template <class T, int W>
+inline void store(T* p, typename Simd<T, W>::reg v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+template <class T, int W>
+inline typename Simd<T, W>::reg splat(T x) {
+  return typename Simd<T, W>::reg{} + x;
 }
 
 constexpr int64_t kChunk = 16;  // products summed in registers before joining the running total
@@ -81,16 +91,6 @@ void gemm(const T* a, const T* b, C* c, int64_t m, int64_t n, int64_t k, bool ac
     for (; j + NV * W <= n; j += NV * W) gemm_block<TransA, T, W, NV>(ai, lda, b + j, n, c + i * n + j, n, k, accumulate);
     for (; j < n; j += W) gemm_block<TransA, T, W, 1>(ai, lda, b + j, n, c + i * n + j, n, k, accumulate);
   }
-}
-
-template <class T, int W>
-inline void store(T* p, typename Simd<T, W>::reg v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
-template <class T, int W>
-inline typename Simd<T, W>::reg splat(T x) {
-  return typename Simd<T, W>::reg{} + x;
 }
 
 // 2^x for W floats without a library call, so a score row goes through vector instructions:
