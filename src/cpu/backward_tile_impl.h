@@ -55,10 +55,11 @@ template <bool TransA, class T, int W, int NV, class C>
 inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, int64_t ldc, int64_t k,
                        bool accumulate) {
   using reg = typename Simd<T, W>::reg;
-  reg total[kMR][NV] = {};
+  reg total[kMR][NV], acc[kMR][NV];
   for (int64_t x0 = 0; x0 < k; x0 += kChunk) {
     const int64_t x1 = x0 + kChunk < k ? x0 + kChunk : k;
-    reg acc[kMR][NV] = {};
+    for (int r = 0; r < kMR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = reg{};
     for (int64_t x = x0; x < x1; ++x) {
       reg bx[NV];
       for (int v = 0; v < NV; ++v) bx[v] = load<T, W>(b + x * ldb + v * W);
@@ -68,16 +69,22 @@ inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, i
       }
     }
     for (int r = 0; r < kMR; ++r)
-      for (int v = 0; v < NV; ++v) total[r][v] += acc[r][v];
+      for (int v = 0; v < NV; ++v) total[r][v] = x0 == 0 ? acc[r][v] : total[r][v] + acc[r][v];
   }
-  for (int r = 0; r < kMR; ++r) {
-    C* cr = c + r * ldc;
-    for (int v = 0; v < NV; ++v)
-      for (int l = 0; l < W; ++l) {
-        const C t = C(total[r][v][l]);
-        cr[v * W + l] = accumulate ? cr[v * W + l] + t : t;
+  for (int r = 0; r < kMR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      C* cv = c + r * ldc + v * W;
+      if constexpr (std::is_same_v<C, T>) {
+        store<T, W>(cv, accumulate ? load<T, W>(cv) + total[r][v] : total[r][v]);
+      } else {  // widened in registers; memcpy rather than load/store keeps wide vectors out of calls
+        typename Simd<C, W>::reg t = __builtin_convertvector(total[r][v], typename Simd<C, W>::reg), old;
+        if (accumulate) {
+          std::memcpy(&old, cv, sizeof(old));
+          t += old;
+        }
+        std::memcpy(cv, &t, sizeof(t));
       }
-  }
+    }
 }
 
 // C[m][n] (+)= op(A)[m][k] B[k][n], all dense row-major (A is [k][m] when TransA); m a multiple of
