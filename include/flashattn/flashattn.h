@@ -80,6 +80,23 @@ typedef struct flashattn_merge_args {
   flashattn_options options;
 } flashattn_merge_args;
 
+/* A decode step planned once and run many times (see flashattn.hpp "decode in two phases"). Filled
+ * by flashattn_plan_decode; callers read workspace_bytes and num_splits and pass the plan back
+ * unchanged. */
+typedef struct flashattn_decode_plan {
+  uint32_t struct_size;
+  int32_t device, device_index, dtype;
+  int64_t batch, seqlen_new, heads_q, heads_kv, head_dim;
+  int32_t paged, append;
+  int64_t num_pages, page_size, max_pages_per_seq;
+  int64_t max_cache_seqlen;
+  int32_t num_splits;
+  int64_t workspace_bytes;
+} flashattn_decode_plan;
+
+/* Fault bits of flashattn_decode_status. */
+enum { FLASHATTN_DECODE_FAULT_LENGTH = 1, FLASHATTN_DECODE_FAULT_PAGE = 2 };
+
 /* Defaults: options unbounded windows, everything else zero; struct_size set. */
 FLASHATTN_API flashattn_options flashattn_default_options(void);
 FLASHATTN_API flashattn_tensor flashattn_contiguous(void* data, int32_t dtype, int32_t device, int32_t rank,
@@ -89,6 +106,17 @@ FLASHATTN_API int flashattn_forward(const flashattn_forward_args* args);
 FLASHATTN_API int flashattn_backward(const flashattn_backward_args* args);
 FLASHATTN_API int flashattn_decode(const flashattn_decode_args* args);
 FLASHATTN_API int flashattn_merge_states(const flashattn_merge_args* args);
+
+/* max_cache_seqlen: 0 = the largest cache_seqlens entry of args. Set plan->struct_size first. */
+FLASHATTN_API int flashattn_plan_decode(const flashattn_decode_args* args, int64_t max_cache_seqlen,
+                                        flashattn_decode_plan* plan);
+/* No allocation, no host synchronization: capturable in a CUDA graph. */
+FLASHATTN_API int flashattn_decode_run(const flashattn_decode_args* args, const flashattn_decode_plan* plan,
+                                       void* workspace);
+/* Waits for `stream` (NULL = default), then reports the faults of the last run on `workspace`;
+ * first_sequence may be NULL. */
+FLASHATTN_API int flashattn_decode_status(const flashattn_decode_plan* plan, const void* workspace, void* stream,
+                                          uint32_t* faults, int64_t* first_sequence);
 
 /* This thread's last error message ("" after a success). Valid until the next call on this thread. */
 FLASHATTN_API const char* flashattn_last_error(void);

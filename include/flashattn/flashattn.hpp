@@ -136,8 +136,68 @@ struct MergeArgs {
 
 void forward(const ForwardArgs& args);
 void backward(const BackwardArgs& args);
+// Validates everything on the host (this reads cache_seqlens and block_table, a synchronous copy
+// when they live on the GPU), then plans and runs the step with a temporary workspace.
 void decode(const DecodeArgs& args);
 void merge_states(const MergeArgs& args);
+
+// ---- decode in two phases: plan on the host once, run many times (CUDA-graph friendly) ---------
+//
+//   DecodePlan plan = plan_decode(args, max_cache_seqlen);   // host: validates, reads the lengths
+//   cudaMalloc(&ws, plan.workspace_bytes);
+//   decode(args, plan, ws);                                   // no allocation, no host sync
+//   ... capture decode(args, plan, ws) in a CUDA graph, then, as cache_seqlens grows on the
+//   device (up to max_cache_seqlen), replay it ...
+//   DecodeStatus st = decode_status(plan, ws);                // when the caller wants to know
+//
+// plan_decode validates args exactly as decode(args) does, including every cache length and the
+// block-table entries those lengths use, chooses the split count (args.num_splits, or 0 = enough
+// KV splits to fill the GPU for sequences of max_cache_seqlen tokens) and sizes the workspace.
+//
+// decode(args, plan, workspace) re-checks on the host only what it can without reading device
+// memory (shapes, dtypes, strides, devices, and that they match the plan). The tensors may be
+// other buffers of the same shapes than at planning time. cache_seqlens and block_table are read
+// by the kernels only, and are NOT validated on the host; the kernels guard every index instead:
+//   * a length that is negative, above plan.max_cache_seqlen, or that with the appended tokens
+//     exceeds the cache capacity: nothing of that sequence is read or appended, its out and lse
+//     rows are NaN, fault kDecodeFaultLength;
+//   * a block-table entry outside [0, num_pages) among the pages the step reads or appends to:
+//     that page is neither read nor written, the rows computed from it are NaN (every row of the
+//     sequence unless a sliding window keeps some rows off that page), fault kDecodeFaultPage.
+// Nothing outside the tensors is ever read or written. decode_status reports the faults of the
+// last run that used the workspace. On CPU tensors the run validates the indices on the host
+// (they are host memory) and throws as decode(args) does; the workspace is unused there.
+inline constexpr uint32_t kDecodeFaultLength = 1;
+inline constexpr uint32_t kDecodeFaultPage = 2;
+
+struct DecodePlan {
+  DeviceType device = DeviceType::cpu;
+  int32_t device_index = 0;
+  DType dtype = DType::f32;
+  // The problem shape the plan was made for; a run must have the same.
+  int64_t batch = 0, seqlen_new = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  bool paged = false, append = false;
+  int64_t num_pages = 0, page_size = 0, max_pages_per_seq = 0;  // contiguous: page_size = capacity
+  int64_t max_cache_seqlen = 0;  // the largest cache_seqlens entry a run may hold
+  int32_t num_splits = 0;        // GPU: KV chunks per sequence; CPU: args.num_splits (0 = per run)
+  int64_t workspace_bytes = 0;   // device memory decode(args, plan, ws) needs, 256-byte aligned
+};
+
+struct DecodeStatus {
+  uint32_t faults = 0;          // kDecodeFault* bits, 0 = every index was valid
+  int64_t first_sequence = -1;  // the lowest batch index that had a fault, -1 if none
+  bool ok() const { return faults == 0; }
+};
+
+// max_cache_seqlen: 0 = the largest cache_seqlens entry of args; otherwise at least that, and with
+// the appended tokens within the cache capacity.
+DecodePlan plan_decode(const DecodeArgs& args, int64_t max_cache_seqlen = 0);
+// workspace: plan.workspace_bytes of device memory on the plan's device, 256-byte aligned (any
+// cudaMalloc result), used by one run at a time; nullptr is allowed on the CPU.
+void decode(const DecodeArgs& args, const DecodePlan& plan, void* workspace);
+// Waits for the work queued on `stream` (a cudaStream_t; nullptr = the default stream), then reads
+// the faults the last run on `workspace` recorded.
+DecodeStatus decode_status(const DecodePlan& plan, const void* workspace, void* stream = nullptr);
 
 // What this build and machine offer.
 struct BuildInfo {

@@ -27,6 +27,13 @@ std::string kernels();  // the forward/backward/decode kernels compiled in, one 
 void copy_to_host(void* dst, const void* src, int64_t bytes, int device_index);
 void forward(const core::ForwardParams& p, int device_index);
 void backward(const core::BackwardParams& p, int device_index);
-void decode(const core::DecodeParams& p, int device_index);
+// Decode in two phases (flashattn.hpp): plan_decode fills plan.num_splits and
+// plan.workspace_bytes for params validated with their indices; decode runs a plan without reading
+// anything to the host; decode_status reads the faults a run recorded in the workspace.
+void plan_decode(const core::DecodeParams& p, DecodePlan& plan, int device_index);
+void decode(const core::DecodeParams& p, const DecodePlan& plan, void* workspace, int device_index);
+DecodeStatus decode_status(const DecodePlan& plan, const void* workspace, void* stream, int device_index);
+// Plan and run with a stream-ordered temporary workspace (decode(args) after host validation).
+void decode(const core::DecodeParams& p, int64_t max_cache_seqlen, int device_index);
 void merge_states(const core::MergeParams& p, int device_index);
 }  // namespace flashattn::cuda

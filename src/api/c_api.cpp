@@ -49,12 +49,12 @@ void check_tensor(const flashattn_tensor& t, const char* name) {
 }
 
 template <class Args>
-void check_header(const Args* a, const char* op) {
+void check_header(const Args* a, const char* op, const char* name = "args") {
   if (a == nullptr)
-    throw flashattn::Error(flashattn::Status::invalid_argument, std::string(op) + ": args is NULL");
+    throw flashattn::Error(flashattn::Status::invalid_argument, std::string(op) + ": " + name + " is NULL");
   if (a->struct_size < sizeof(Args))
     throw flashattn::Error(flashattn::Status::invalid_argument,
-                           std::string(op) + ": args->struct_size is " + std::to_string(a->struct_size) +
+                           std::string(op) + ": " + name + "->struct_size is " + std::to_string(a->struct_size) +
                                ", expected sizeof = " + std::to_string(sizeof(Args)));
 }
 
@@ -74,6 +74,70 @@ int guarded(F&& f) {
     g_last_error = "unknown internal error";
     return FLASHATTN_INTERNAL;
   }
+}
+
+
+flashattn::DecodeArgs decode_args(const flashattn_decode_args* a) {
+  check_header(a, "decode");
+  flashattn::DecodeArgs f;
+  const std::pair<const flashattn_tensor*, flashattn::TensorView*> ts[] = {
+      {&a->q, &f.q}, {&a->k_cache, &f.k_cache}, {&a->v_cache, &f.v_cache}, {&a->block_table, &f.block_table},
+      {&a->cache_seqlens, &f.cache_seqlens}, {&a->k_new, &f.k_new}, {&a->v_new, &f.v_new}, {&a->out, &f.out},
+      {&a->lse, &f.lse}};
+  const char* names[] = {"q", "k_cache", "v_cache", "block_table", "cache_seqlens", "k_new", "v_new", "out", "lse"};
+  for (size_t i = 0; i < std::size(ts); ++i) {
+    check_tensor(*ts[i].first, names[i]);
+    *ts[i].second = view(*ts[i].first);
+  }
+  f.num_splits = a->num_splits;
+  f.options = options(a->options);
+  return f;
+}
+
+flashattn_decode_plan c_plan(const flashattn::DecodePlan& p, uint32_t struct_size) {
+  flashattn_decode_plan c;
+  std::memset(&c, 0, sizeof(c));
+  c.struct_size = struct_size;
+  c.device = static_cast<int32_t>(p.device);
+  c.device_index = p.device_index;
+  c.dtype = static_cast<int32_t>(p.dtype);
+  c.batch = p.batch;
+  c.seqlen_new = p.seqlen_new;
+  c.heads_q = p.heads_q;
+  c.heads_kv = p.heads_kv;
+  c.head_dim = p.head_dim;
+  c.paged = p.paged;
+  c.append = p.append;
+  c.num_pages = p.num_pages;
+  c.page_size = p.page_size;
+  c.max_pages_per_seq = p.max_pages_per_seq;
+  c.max_cache_seqlen = p.max_cache_seqlen;
+  c.num_splits = p.num_splits;
+  c.workspace_bytes = p.workspace_bytes;
+  return c;
+}
+
+flashattn::DecodePlan cpp_plan(const flashattn_decode_plan& c) {
+  if ((c.device != FLASHATTN_CPU && c.device != FLASHATTN_CUDA) || c.dtype < FLASHATTN_F16 || c.dtype > FLASHATTN_I32)
+    throw flashattn::Error(flashattn::Status::invalid_argument, "decode: argument 'plan': is not a plan made by plan_decode");
+  flashattn::DecodePlan p;
+  p.device = static_cast<flashattn::DeviceType>(c.device);
+  p.device_index = c.device_index;
+  p.dtype = static_cast<flashattn::DType>(c.dtype);
+  p.batch = c.batch;
+  p.seqlen_new = c.seqlen_new;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.head_dim = c.head_dim;
+  p.paged = c.paged != 0;
+  p.append = c.append != 0;
+  p.num_pages = c.num_pages;
+  p.page_size = c.page_size;
+  p.max_pages_per_seq = c.max_pages_per_seq;
+  p.max_cache_seqlen = c.max_cache_seqlen;
+  p.num_splits = c.num_splits;
+  p.workspace_bytes = c.workspace_bytes;
+  return p;
 }
 
 }  // namespace
@@ -142,21 +206,32 @@ int flashattn_backward(const flashattn_backward_args* a) {
 }
 
 int flashattn_decode(const flashattn_decode_args* a) {
+  return guarded([&] { flashattn::decode(decode_args(a)); });
+}
+
+int flashattn_plan_decode(const flashattn_decode_args* a, int64_t max_cache_seqlen, flashattn_decode_plan* plan) {
   return guarded([&] {
-    check_header(a, "decode");
-    flashattn::DecodeArgs f;
-    const std::pair<const flashattn_tensor*, flashattn::TensorView*> ts[] = {
-        {&a->q, &f.q}, {&a->k_cache, &f.k_cache}, {&a->v_cache, &f.v_cache}, {&a->block_table, &f.block_table},
-        {&a->cache_seqlens, &f.cache_seqlens}, {&a->k_new, &f.k_new}, {&a->v_new, &f.v_new}, {&a->out, &f.out},
-        {&a->lse, &f.lse}};
-    const char* names[] = {"q", "k_cache", "v_cache", "block_table", "cache_seqlens", "k_new", "v_new", "out", "lse"};
-    for (size_t i = 0; i < std::size(ts); ++i) {
-      check_tensor(*ts[i].first, names[i]);
-      *ts[i].second = view(*ts[i].first);
-    }
-    f.num_splits = a->num_splits;
-    f.options = options(a->options);
-    flashattn::decode(f);
+    check_header(plan, "plan_decode", "plan");
+    *plan = c_plan(flashattn::plan_decode(decode_args(a), max_cache_seqlen), plan->struct_size);
+  });
+}
+
+int flashattn_decode_run(const flashattn_decode_args* a, const flashattn_decode_plan* plan, void* workspace) {
+  return guarded([&] {
+    check_header(plan, "decode", "plan");
+    flashattn::decode(decode_args(a), cpp_plan(*plan), workspace);
+  });
+}
+
+int flashattn_decode_status(const flashattn_decode_plan* plan, const void* workspace, void* stream, uint32_t* faults,
+                            int64_t* first_sequence) {
+  return guarded([&] {
+    check_header(plan, "decode_status", "plan");
+    if (faults == nullptr)
+      throw flashattn::Error(flashattn::Status::invalid_argument, "decode_status: argument 'faults': is NULL");
+    flashattn::DecodeStatus st = flashattn::decode_status(cpp_plan(*plan), workspace, stream);
+    *faults = st.faults;
+    if (first_sequence != nullptr) *first_sequence = st.first_sequence;
   });
 }
 

@@ -17,7 +17,10 @@ std::string kernels() { return ""; }
 void copy_to_host(void*, const void*, int64_t, int) { absent("validation"); }
 void forward(const core::ForwardParams&, int) { absent("forward"); }
 void backward(const core::BackwardParams&, int) { absent("backward"); }
-void decode(const core::DecodeParams&, int) { absent("decode"); }
+void plan_decode(const core::DecodeParams&, DecodePlan&, int) { absent("plan_decode"); }
+void decode(const core::DecodeParams&, const DecodePlan&, void*, int) { absent("decode"); }
+DecodeStatus decode_status(const DecodePlan&, const void*, void*, int) { absent("decode_status"); }
+void decode(const core::DecodeParams&, int64_t, int) { absent("decode"); }
 void merge_states(const core::MergeParams&, int) { absent("merge_states"); }
 
 }  // namespace flashattn::cuda

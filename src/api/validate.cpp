@@ -1,5 +1,6 @@
 #include "api/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -381,7 +382,7 @@ core::BackwardParams validate_backward(const BackwardArgs& a) {
   return p;
 }
 
-core::DecodeParams validate_decode(const DecodeArgs& a) {
+core::DecodeParams validate_decode_shapes(const DecodeArgs& a) {
   Checker c("decode");
   core::DecodeParams p;
   c.tensor(a.q, "q", {-1, -1, -1, -1}, "[batch, seqlen_new, heads_q, head_dim]");
@@ -433,41 +434,20 @@ core::DecodeParams validate_decode(const DecodeArgs& a) {
   }
   c.tensor(a.cache_seqlens, "cache_seqlens", {p.batch}, "[batch]");
   c.same_device(a.cache_seqlens, "cache_seqlens", a.q, "q");
-  std::vector<int32_t> lens = read_indices(c, a.cache_seqlens, "cache_seqlens");
-  int64_t capacity;
-  std::vector<int32_t> table;
+  c.dtype(a.cache_seqlens, "cache_seqlens", DType::i32);
   if (p.paged) {
     c.tensor(a.block_table, "block_table", {p.batch, -1}, "[batch, max_pages_per_seq]");
     c.same_device(a.block_table, "block_table", a.q, "q");
+    c.dtype(a.block_table, "block_table", DType::i32);
     p.num_pages = a.k_cache.shape[0];
     p.page_size = a.k_cache.shape[1];
     if (p.page_size < 1 || p.page_size > 1024)
       c.fail("k_cache", "page_size (dimension 1) must be in [1, 1024], got " + std::to_string(p.page_size));
     p.max_pages_per_seq = a.block_table.shape[1];
-    capacity = p.max_pages_per_seq * p.page_size;
-    table = read_indices(c, a.block_table, "block_table");
   } else {
     p.num_pages = p.batch;
     p.page_size = a.k_cache.shape[1];
     p.max_pages_per_seq = 1;
-    capacity = p.page_size;
-  }
-  int64_t extra = p.append ? p.seqlen_new : 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    int64_t len = lens[size_t(b)];
-    if (len < 0) c.fail("cache_seqlens", "entry " + std::to_string(b) + " is negative (" + std::to_string(len) + ")");
-    if (len + extra > capacity)
-      c.fail("cache_seqlens", "entry " + std::to_string(b) + " (" + std::to_string(len) + (p.append ? " + seqlen_new " + std::to_string(extra) : std::string()) +
-                                  ") exceeds the cache capacity of " + std::to_string(capacity) + " tokens");
-    if (p.paged) {
-      int64_t pages = (len + extra + p.page_size - 1) / p.page_size;
-      for (int64_t j = 0; j < pages; ++j) {
-        int32_t id = table[size_t(b * p.max_pages_per_seq + j)];
-        if (id < 0 || id >= p.num_pages)
-          c.fail("block_table", "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] = " + std::to_string(id) +
-                                    " is not a page id in [0, " + std::to_string(p.num_pages) + ")");
-      }
-    }
   }
   check_like(c, a.out, "out", a.q, "q");
   c.no_self_overlap(a.out, "out");
@@ -520,6 +500,45 @@ core::DecodeParams validate_decode(const DecodeArgs& a) {
   p.vc_row = a.v_cache.stride[1];
   p.vc_head = a.v_cache.stride[2];
   p.lse_s = lse_strides(a.lse, false);
+  return p;
+}
+
+int64_t decode_capacity(const core::DecodeParams& p) { return p.paged ? p.max_pages_per_seq * p.page_size : p.page_size; }
+
+int64_t validate_decode_indices(const DecodeArgs& a, const core::DecodeParams& p, int64_t max_cache_seqlen) {
+  Checker c("decode");
+  std::vector<int32_t> lens = read_indices(c, a.cache_seqlens, "cache_seqlens");
+  std::vector<int32_t> table;
+  if (p.paged) table = read_indices(c, a.block_table, "block_table");
+  const int64_t capacity = decode_capacity(p);
+  const int64_t extra = p.append ? p.seqlen_new : 0;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int64_t len = lens[size_t(b)];
+    if (len < 0) c.fail("cache_seqlens", "entry " + std::to_string(b) + " is negative (" + std::to_string(len) + ")");
+    if (len + extra > capacity)
+      c.fail("cache_seqlens", "entry " + std::to_string(b) + " (" + std::to_string(len) + (p.append ? " + seqlen_new " + std::to_string(extra) : std::string()) +
+                                  ") exceeds the cache capacity of " + std::to_string(capacity) + " tokens");
+    if (max_cache_seqlen >= 0 && len > max_cache_seqlen)
+      c.fail("cache_seqlens", "entry " + std::to_string(b) + " (" + std::to_string(len) +
+                                  ") exceeds the plan's max_cache_seqlen " + std::to_string(max_cache_seqlen));
+    if (p.paged) {
+      int64_t pages = (len + extra + p.page_size - 1) / p.page_size;
+      for (int64_t j = 0; j < pages; ++j) {
+        int32_t id = table[size_t(b * p.max_pages_per_seq + j)];
+        if (id < 0 || id >= p.num_pages)
+          c.fail("block_table", "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] = " + std::to_string(id) +
+                                    " is not a page id in [0, " + std::to_string(p.num_pages) + ")");
+      }
+    }
+    longest = std::max(longest, len);
+  }
+  return longest;
+}
+
+core::DecodeParams validate_decode(const DecodeArgs& a) {
+  core::DecodeParams p = validate_decode_shapes(a);
+  validate_decode_indices(a, p);
   return p;
 }
 

@@ -8,7 +8,9 @@
 #include "api/backends.h"
 #include "cuda/common.cuh"
 #include "cuda/backward.h"
+#include "cuda/decode/decode.h"
 #include "cuda/forward.h"
+#include "cuda/merge/merge.h"
 #include "cuda/variants.h"
 
 namespace flashattn::cuda {
@@ -59,10 +61,6 @@ void check_gpu_dtype(DType t, const char* op) {
     throw Error(Status::unsupported, std::string(op) + ": the GPU path supports f16 and bf16, got " + dtype_name(t));
 }
 
-[[noreturn]] void not_yet(const char* op) {
-  throw Error(Status::unsupported, std::string(op) + ": not yet available on the GPU in this version (use CPU tensors)");
-}
-
 }  // namespace
 
 bool compiled() { return true; }
@@ -88,7 +86,7 @@ std::string device_names() {
   return s;
 }
 
-std::string kernels() { return variant_list(); }
+std::string kernels() { return variant_list() + ", " + decode_variant_list(); }
 
 void copy_to_host(void* dst, const void* src, int64_t bytes, int device_index) {
   DeviceGuard guard(device_index);
@@ -128,7 +126,98 @@ void backward(const core::BackwardParams& p, int device_index) {
   dispatch_backward(p, compute_capability(device_index), static_cast<cudaStream_t>(p.stream));
 }
 
-void decode(const core::DecodeParams&, int) { not_yet("decode"); }
-void merge_states(const core::MergeParams&, int) { not_yet("merge_states"); }
+void plan_decode(const core::DecodeParams& p, DecodePlan& plan, int device_index) {
+  DeviceGuard guard(device_index);
+  check_gpu_dtype(p.dtype, "decode");
+  int num_sms = 0;
+  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device_index), "cudaDeviceGetAttribute");
+  plan_decode_on_device(p, plan, compute_capability(device_index), num_sms);
+}
+
+// Host checks only (no device memory is read): a planned run may be captured in a CUDA graph.
+void decode(const core::DecodeParams& p, const DecodePlan& plan, void* workspace, int device_index) {
+  DeviceGuard guard(device_index);
+  check_gpu_dtype(p.dtype, "decode");
+  const std::pair<const void*, const char*> ptrs[] = {
+      {p.q, "q"},         {p.k_cache, "k_cache"},         {p.v_cache, "v_cache"}, {p.block_table, "block_table"},
+      {p.cache_seqlens, "cache_seqlens"}, {p.k_new, "k_new"}, {p.v_new, "v_new"}, {p.out, "out"},
+      {p.lse, "lse"},     {workspace, "workspace"}};
+  for (auto [ptr, name] : ptrs) check_device_pointer(ptr, "decode", name, device_index);
+  check_rows_aligned(p.q, p.q_s, "decode", "q");
+  check_rows_aligned(p.k_cache, core::Strides{p.kc_page, p.kc_row, p.kc_head}, "decode", "k_cache");
+  check_rows_aligned(p.v_cache, core::Strides{p.vc_page, p.vc_row, p.vc_head}, "decode", "v_cache");
+  if (p.append) {
+    check_rows_aligned(p.k_new, p.knew_s, "decode", "k_new");
+    check_rows_aligned(p.v_new, p.vnew_s, "decode", "v_new");
+  }
+  if (reinterpret_cast<uintptr_t>(p.out) % 4 != 0 || p.o_s.batch % 2 || p.o_s.row % 2 || p.o_s.head % 2)
+    throw Error(Status::invalid_argument, "decode: argument 'out': the GPU path writes element pairs: data pointer "
+                                          "aligned to 4 bytes and even strides needed");
+  run_decode_plan(p, plan, workspace, compute_capability(device_index), static_cast<cudaStream_t>(p.stream));
+}
+
+DecodeStatus decode_status(const DecodePlan&, const void* workspace, void* stream, int device_index) {
+  DeviceGuard guard(device_index);
+  check_device_pointer(workspace, "decode_status", "workspace", device_index);
+  uint32_t words[2] = {0, 0};
+  auto s = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(words, workspace, sizeof(words), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync(decode status)");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize(decode status)");
+  DecodeStatus st;
+  st.faults = words[0];
+  st.first_sequence = words[1] == 0 ? -1 : int64_t(~words[1]);
+  return st;
+}
+
+// decode(args): validated on the host already; a plan for the current lengths and a workspace
+// from the stream-ordered allocator, released in stream order (no host synchronization).
+void decode(const core::DecodeParams& p, int64_t max_cache_seqlen, int device_index) {
+  DecodePlan plan;
+  plan.max_cache_seqlen = max_cache_seqlen;
+  plan_decode(p, plan, device_index);
+  DeviceGuard guard(device_index);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  void* ws = nullptr;
+  // 256 bytes of slack: the workspace must start 256-byte aligned, as plan users are told.
+  check(cudaMallocAsync(&ws, size_t(plan.workspace_bytes) + 256, stream), "cudaMallocAsync(decode workspace)");
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws) + 255) / 256 * 256);
+  try {
+    decode(p, plan, aligned, device_index);
+  } catch (...) {
+    cudaFreeAsync(ws, stream);
+    throw;
+  }
+  check(cudaFreeAsync(ws, stream), "cudaFreeAsync(decode workspace)");
+}
+
+void merge_states(const core::MergeParams& p, int device_index) {
+  DeviceGuard guard(device_index);
+  const std::pair<const void*, const char*> ptrs[] = {
+      {p.o_parts, "o_parts"}, {p.lse_parts, "lse_parts"}, {p.out, "out"}, {p.lse, "lse"}};
+  for (auto [ptr, name] : ptrs) check_device_pointer(ptr, "merge_states", name, device_index);
+  MergeLaunch m;
+  m.parts = p.parts;
+  m.outer = p.tokens;
+  m.inner = 1;
+  m.heads = p.heads;
+  m.head_dim = p.head_dim;
+  m.in_dtype = p.dtype;
+  m.out_dtype = p.dtype;
+  m.o_parts = p.o_parts;
+  m.op_part = p.op_part;
+  m.op_outer = p.op_token;
+  m.op_head = p.op_head;
+  m.lse_parts = static_cast<const float*>(p.lse_parts);
+  m.lp_part = p.lp_part;
+  m.lp_outer = p.lp_token;
+  m.lp_head = p.lp_head;
+  m.out = p.out;
+  m.o_outer = p.o_token;
+  m.o_head = p.o_head;
+  m.lse = static_cast<float*>(p.lse);
+  m.l_outer = p.l_token;
+  m.l_head = p.l_head;
+  launch_merge(m, static_cast<cudaStream_t>(p.stream));
+}
 
 }  // namespace flashattn::cuda

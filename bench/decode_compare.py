@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Our GPU decode beside PyTorch SDPA's cuDNN and FlashAttention-2 backends, in one process.
+
+The anchors' decode rows (shared/anchors/README.md): bf16, 32 query heads sharing 8 KV heads,
+d = 128, one new token per sequence, (batch, kv length) = (1, 8192), (1, 32768), (1, 131072),
+(8, 32768), (64, 4096); ours on a contiguous cache and on paged caches (pages of 16 and 256 tokens,
+scattered in a shuffled order). GB/s = bytes of K and V read / median time (triton do_bench, CUDA
+events). The device copy bandwidth is measured in the same run (bytes read + written, as in
+the anchors), so every figure can be read against it.
+
+Ours is timed two ways through the C ABI (ctypes): `run` calls flashattn_decode_run on a plan
+(host checks of shapes and pointers on every call, no host sync), `graph` replays that call
+captured in a CUDA graph (what an inference engine does; no host work per step). Each row's
+output is checked against SDPA's.
+
+  python3 bench/decode_compare.py --lib build/libflashattn.so --json decode.json
+"""
+import argparse
+import ctypes as C
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+F16, BF16, F32, I32 = 0, 1, 2, 4
+CUDA = 1
+ROWS = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 4096))
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int32), ("device", C.c_int32), ("device_index", C.c_int32),
+                ("rank", C.c_int32), ("shape", C.c_int64 * 4), ("stride", C.c_int64 * 4)]
+
+
+class Options(C.Structure):
+    _fields_ = [("softmax_scale", C.c_float), ("causal", C.c_int32), ("window_left", C.c_int64),
+                ("window_right", C.c_int64), ("softcap", C.c_float), ("num_threads", C.c_int32),
+                ("stream", C.c_void_p)]
+
+
+class DecodeArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_uint32)] + [(n, Tensor) for n in (
+        "q", "k_cache", "v_cache", "block_table", "cache_seqlens", "k_new", "v_new", "out", "lse")] + [
+        ("num_splits", C.c_int32), ("options", Options)]
+
+
+class DecodePlan(C.Structure):
+    _fields_ = [("struct_size", C.c_uint32), ("device", C.c_int32), ("device_index", C.c_int32),
+                ("dtype", C.c_int32)] + [(n, C.c_int64) for n in (
+                    "batch", "seqlen_new", "heads_q", "heads_kv", "head_dim")] + [
+        ("paged", C.c_int32), ("append", C.c_int32)] + [(n, C.c_int64) for n in (
+            "num_pages", "page_size", "max_pages_per_seq", "max_cache_seqlen")] + [
+        ("num_splits", C.c_int32), ("workspace_bytes", C.c_int64)]
+
+
+def view(t, dtype_code):
+    v = Tensor()
+    v.data = t.data_ptr()
+    v.dtype = dtype_code
+    v.device = CUDA
+    v.device_index = t.device.index or 0
+    v.rank = t.dim()
+    for i in range(t.dim()):
+        v.shape[i] = t.shape[i]
+        v.stride[i] = t.stride(i)
+    return v
+
+
+def median_ms(fn):
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def copy_gbps():
+    x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    gbps = 2 * x.numel() * 2 / median_ms(lambda: y.copy_(x)) / 1e6
+    del x, y
+    torch.cuda.empty_cache()
+    return gbps
+
+
+class Ours:
+    """A planned decode step over a cache (contiguous when page == 0, else paged)."""
+
+    def __init__(self, lib, q, k, v, lens, page):
+        b, kv, hk, d = k.shape
+        self.lib, self.keep = lib, []
+        a = DecodeArgs()
+        a.struct_size = C.sizeof(DecodeArgs)
+        if page:  # pages of `page` tokens in a shuffled order: the cache as an allocator leaves it
+            per_seq = kv // page
+            perm = torch.randperm(b * per_seq, device="cuda")
+            kp, vp = (torch.empty(b * per_seq, page, hk, d, device="cuda", dtype=k.dtype) for _ in range(2))
+            kp[perm] = k.reshape(b * per_seq, page, hk, d)
+            vp[perm] = v.reshape(b * per_seq, page, hk, d)
+            table = perm.to(torch.int32).reshape(b, per_seq)
+            self.keep += [kp, vp, table]
+            a.k_cache, a.v_cache, a.block_table = view(kp, BF16), view(vp, BF16), view(table, I32)
+        else:
+            a.k_cache, a.v_cache = view(k, BF16), view(v, BF16)
+        self.out = torch.empty_like(q)
+        self.keep += [q, lens, self.out]
+        a.q, a.cache_seqlens, a.out = view(q, BF16), view(lens, I32), view(self.out, BF16)
+        a.options.window_left = a.options.window_right = -1
+        a.options.stream = torch.cuda.current_stream().cuda_stream
+        self.args = a
+        self.plan = DecodePlan()
+        self.plan.struct_size = C.sizeof(DecodePlan)
+        self.check(lib.flashattn_plan_decode(C.byref(a), 0, C.byref(self.plan)))
+        self.ws = torch.empty(max(self.plan.workspace_bytes, 256), device="cuda", dtype=torch.uint8)
+
+    def check(self, rc):
+        if rc != 0:
+            raise RuntimeError(self.lib.flashattn_last_error().decode())
+
+    def run(self):
+        self.check(self.lib.flashattn_decode_run(C.byref(self.args), C.byref(self.plan), C.c_void_p(self.ws.data_ptr())))
+
+    def graph(self):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.args.options.stream = torch.cuda.current_stream().cuda_stream
+            self.run()
+        self.args.options.stream = torch.cuda.current_stream().cuda_stream
+        return g
+
+    def status(self):
+        faults, first = C.c_uint32(0), C.c_int64(0)
+        self.check(self.lib.flashattn_decode_status(C.byref(self.plan), C.c_void_p(self.ws.data_ptr()), None,
+                                                    C.byref(faults), C.byref(first)))
+        return faults.value
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default="build/libflashattn.so")
+    p.add_argument("--pages", default="0,16,256", help="cache layouts: 0 = contiguous, else tokens per page")
+    p.add_argument("--json")
+    a = p.parse_args()
+    lib = C.CDLL(a.lib)
+    lib.flashattn_plan_decode.argtypes = [C.POINTER(DecodeArgs), C.c_int64, C.POINTER(DecodePlan)]
+    lib.flashattn_decode_run.argtypes = [C.POINTER(DecodeArgs), C.POINTER(DecodePlan), C.c_void_p]
+    lib.flashattn_decode_status.argtypes = [C.POINTER(DecodePlan), C.c_void_p, C.c_void_p, C.POINTER(C.c_uint32),
+                                            C.POINTER(C.c_int64)]
+    lib.flashattn_last_error.restype = C.c_char_p
+    pages = [int(x) for x in a.pages.split(",") if x]
+    hq, hk, d = 32, 8, 128
+    copy = copy_gbps()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+           "copy_GBps_rw": copy, "hq": hq, "hk": hk, "d": d, "rows": []}
+    print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)")
+    print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits':>6} | {'run':>6} {'graph':>6} | {'cudnn':>6} {'fa2':>6} |"
+          f" {'graph/cudnn':>11} {'graph/copy':>10} | max|ours-sdpa|")
+    for b, kv in ROWS:
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, kv, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        lens = torch.full((b,), kv, device="cuda", dtype=torch.int32)
+        nbytes = 2 * k.numel() * 2
+        # SDPA takes [b, heads, tokens, d]; the same values, laid out its way.
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        sdpa = {}
+        ref = None
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+                    ref = fn() if ref is None else ref
+                    sdpa[name] = nbytes / median_ms(fn) / 1e6
+            except RuntimeError as e:
+                sdpa[name + "_error"] = str(e).splitlines()[0][:160]
+        del kt, vt
+        torch.cuda.empty_cache()
+        for page in pages:
+            ours = Ours(lib, q, k, v, lens, page)
+            row = {"b": b, "kv": kv, "page": page, "splits": ours.plan.num_splits, **sdpa}
+            row["run_GBps"] = nbytes / median_ms(ours.run) / 1e6
+            try:
+                g = ours.graph()
+                row["graph_GBps"] = nbytes / median_ms(g.replay) / 1e6
+            except RuntimeError as e:
+                row["graph_error"] = str(e).splitlines()[0][:160]
+            ours.out.fill_(float("nan"))
+            ours.run()
+            torch.cuda.synchronize()
+            row["faults"] = ours.status()
+            if ref is not None:
+                row["max_abs_diff_vs_sdpa"] = (ours.out.float() - ref.transpose(1, 2).float()).abs().max().item()
+            res["rows"].append(row)
+            f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
+            r = lambda num, den: (f"{num / den:.2f}" if num and den else "-")
+            print(f"{b:3d} {kv:7d} {page:5d} {row['splits']:6d} | {f('run_GBps')} {f('graph_GBps')} | {f('cudnn')}"
+                  f" {f('fa2')} | {r(row.get('graph_GBps'), row.get('cudnn')):>11} {r(row.get('graph_GBps'), copy):>10}"
+                  f" | {row.get('max_abs_diff_vs_sdpa', float('nan')):.3g}" + (f"  FAULTS {row['faults']}" if row["faults"] else ""),
+                  flush=True)
+            del ours
+            torch.cuda.empty_cache()
+        del q, k, v, qt, lens, ref
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

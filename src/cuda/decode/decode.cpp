@@ -1,0 +1,173 @@
+// Host side of the GPU decode: the variant table, the split heuristic, the workspace layout, and
+// one run of a plan (status reset, attention with append, combine), all queued on one stream with
+// no host synchronization, so a run can be captured in a CUDA graph.
+#include "cuda/decode/decode.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/merge/merge.h"
+
+namespace flashattn::cuda {
+namespace {
+
+using elem_f16 = __half;
+using elem_bf16 = __nv_bfloat16;
+
+struct DecodeVariant {
+  int head_dim;
+  DType dtype;
+  int arch;
+  void (*run)(const DecodeLaunch&, cudaStream_t);
+  int (*ctas_per_sm)(int);
+};
+
+#define FLASHATTN_DECODE(H, DT, A) \
+  DecodeVariant{H, DType::DT, A, &run_decode<H, elem_##DT, A>, &decode_ctas_per_sm<H, elem_##DT, A>},
+constexpr DecodeVariant kVariants[] = {
+#include "flashattn_internal/decode_list.inc"
+    DecodeVariant{0, DType::f32, 0, nullptr, nullptr}  // end marker (keeps the array non-empty)
+};
+#undef FLASHATTN_DECODE
+
+// Can a binary built for `arch` run on a device of compute capability `cc`? (As the forward: sm_90a
+// machine code on Hopper only; sm_80 SASS on sm8x, its PTX JIT-compiled on anything newer.)
+bool runs_on(int arch, int cc) { return arch == 90 ? cc / 10 == 9 : cc >= 80; }
+
+// The smallest compiled head dim >= the problem's (extra columns are zero-filled and never
+// written), the device's own arch family first.
+const DecodeVariant& select_variant(const core::DecodeParams& p, int cc) {
+  const DecodeVariant* best = nullptr;
+  for (const DecodeVariant& v : kVariants) {
+    if (v.run == nullptr || v.dtype != p.dtype || v.head_dim < p.head_dim || !runs_on(v.arch, cc)) continue;
+    if (best == nullptr || v.head_dim < best->head_dim || (v.head_dim == best->head_dim && v.arch > best->arch)) best = &v;
+  }
+  if (best == nullptr)
+    throw Error(Status::unsupported, "decode: no GPU kernel for head_dim " + std::to_string(p.head_dim) + ", dtype " +
+                                         dtype_name(p.dtype) + " on compute capability " + std::to_string(cc / 10) + "." +
+                                         std::to_string(cc % 10) + " in this build (compiled: " + decode_variant_list() + ")");
+  return *best;
+}
+
+constexpr int64_t kBlockN = 64;  // keys per tile (decode_kernel.cuh)
+// A split shorter than this many tiles spends more on its pipeline fill and partial write than
+// it saves (each split pays about one load latency up front).
+constexpr int64_t kMinTilesPerSplit = 2;
+// Among the split counts whose estimated time is within this factor of the best, the fewest win:
+// fewer splits mean a smaller workspace and less combine traffic.
+constexpr double kNearBest = 0.85;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t align256(int64_t x) { return ceil_div(x, 256) * 256; }
+
+int64_t row_tiles(const core::DecodeParams& p) {
+  const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_new;
+  return ceil_div(rows, decode_rows_per_cta(rows));
+}
+
+}  // namespace
+
+int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t slots) {
+  if (p.num_splits > 0) return p.num_splits;
+  const int64_t units = p.batch * p.heads_kv * row_tiles(p);
+  if (units == 0 || slots <= 0) return 1;
+  // Keys one CTA may visit: all of a sequence's, or with a left window the window's reach plus the
+  // new tokens (and a right window, or the rest of the sequence).
+  const int64_t keys = max_cache_seqlen + (p.append ? p.seqlen_new : 0);
+  int64_t span = keys;
+  if (p.window_left >= 0) span = std::min(keys, p.window_left + p.seqlen_new + (p.window_right >= 0 ? p.window_right : keys));
+  const int64_t tiles = std::max<int64_t>(1, ceil_div(span, kBlockN) + (p.window_left >= 0 ? 1 : 0));
+  const int64_t max_splits = std::clamp<int64_t>(tiles / kMinTilesPerSplit, 1, kMaxSplits);
+  // Time model: each CTA streams `per` tiles; CTAs run in waves of `slots`. Time ~ waves * per.
+  auto time_of = [&](int64_t s) {
+    const int64_t per = ceil_div(tiles, s), busy = ceil_div(tiles, per);
+    return double(ceil_div(units * busy, slots) * per);
+  };
+  double best = time_of(1);
+  for (int64_t s = 2; s <= max_splits; ++s) best = std::min(best, time_of(s));
+  for (int64_t s = 1; s <= max_splits; ++s)
+    if (best >= kNearBest * time_of(s)) return int32_t(s);
+  return 1;
+}
+
+int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits) {
+  if (splits <= 1) return kDecodeStatusBytes;
+  const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
+  return kDecodeStatusBytes + align256(rows * 4) + align256(rows * p.head_dim * 4);
+}
+
+void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms) {
+  const DecodeVariant& v = select_variant(p, cc);
+  const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_new;
+  const int64_t slots = int64_t(num_sms) * v.ctas_per_sm(decode_rows_per_cta(rows));
+  plan.num_splits = choose_decode_splits(p, plan.max_cache_seqlen, slots);
+  plan.workspace_bytes = decode_workspace_bytes(p, plan.num_splits);
+}
+
+void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* workspace, int cc,
+                     cudaStream_t stream) {
+  const DecodeVariant& v = select_variant(p, cc);
+  DecodeLaunch L;
+  L.p = p;
+  L.capacity = p.paged ? p.max_pages_per_seq * p.page_size : p.page_size;
+  L.max_cache_seqlen = plan.max_cache_seqlen;
+  L.splits = plan.num_splits;
+  L.row_tiles = int32_t(row_tiles(p));
+  auto* base = static_cast<unsigned char*>(workspace);
+  L.status = reinterpret_cast<uint32_t*>(base);
+  const int64_t rows = int64_t(L.splits) * p.batch * p.seqlen_new * p.heads_q;
+  if (L.splits > 1) {
+    L.part_lse = reinterpret_cast<float*>(base + kDecodeStatusBytes);
+    L.part_o = reinterpret_cast<float*>(base + kDecodeStatusBytes + align256(rows * 4));
+  }
+  check(cudaMemsetAsync(L.status, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(decode status)");
+  v.run(L, stream);
+  if (L.splits == 1) return;
+
+  // The combine: merge_states over the partials [split, batch, token, head, d] into out/lse.
+  const int64_t S = p.seqlen_new, H = p.heads_q, D = p.head_dim;
+  MergeLaunch m;
+  m.parts = L.splits;
+  m.outer = p.batch;
+  m.inner = S;
+  m.heads = H;
+  m.head_dim = D;
+  m.in_dtype = DType::f32;
+  m.out_dtype = p.dtype;
+  m.o_parts = L.part_o;
+  m.op_part = p.batch * S * H * D;
+  m.op_outer = S * H * D;
+  m.op_inner = H * D;
+  m.op_head = D;
+  m.lse_parts = L.part_lse;
+  m.lp_part = p.batch * S * H;
+  m.lp_outer = S * H;
+  m.lp_inner = H;
+  m.lp_head = 1;
+  m.out = p.out;
+  m.o_outer = p.o_s.batch;
+  m.o_inner = p.o_s.row;
+  m.o_head = p.o_s.head;
+  m.lse = static_cast<float*>(p.lse);
+  m.l_outer = p.lse_s.batch;
+  m.l_inner = p.lse_s.row;
+  m.l_head = p.lse_s.head;
+  launch_merge(m, stream);
+}
+
+std::string decode_variant_list() {
+  std::string s;
+  for (const DecodeVariant& v : kVariants) {
+    if (v.run == nullptr) continue;
+    if (!s.empty()) s += ", ";
+    s += "decode hdim" + std::to_string(v.head_dim) + " " + dtype_name(v.dtype) + " sm" + std::to_string(v.arch) +
+         (v.arch == 90 ? "a" : "");
+  }
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,60 @@
+// The GPU decode: one split-KV attention kernel per (head dim, dtype, target arch), generated like
+// the forward (src/cuda/instantiations/decode_*.cu), and the host side that plans and runs it.
+//
+// One CTA computes one (sequence, KV head, KV split, row tile): its rows are the query heads that
+// share the KV head times the new tokens (row r = token * group + head in group), so a K/V byte
+// read from HBM serves every one of them. With one split the CTA writes out and lse; with more,
+// it writes a fp32 partial (o, lse) to the workspace and the merge kernel (src/cuda/merge/)
+// combines the splits.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/params.h"
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::cuda {
+
+// Everything a decode kernel reads: the validated params plus what the plan fixed.
+struct DecodeLaunch {
+  core::DecodeParams p;
+  int64_t capacity = 0;          // tokens one sequence's cache holds
+  int64_t max_cache_seqlen = 0;  // the plan's bound; a longer cache_seqlens entry is a fault
+  int32_t splits = 1;
+  int32_t row_tiles = 1;         // CTAs per (sequence, KV head, split) along the rows
+  float* part_o = nullptr;       // splits > 1: [splits, batch, seqlen_new, heads_q, head_dim]
+  float* part_lse = nullptr;     //             [splits, batch, seqlen_new, heads_q]
+  uint32_t* status = nullptr;    // [2]: fault bits; ~(lowest faulty sequence), 0 = none
+};
+
+// The workspace: the status words, then (with splits > 1) the partial lse and o, 256-byte aligned.
+inline constexpr int64_t kDecodeStatusBytes = 256;
+
+// Query rows per CTA for `rows` = group * seqlen_new query rows per KV head: 16, 32 or 64 (one
+// m16 tile per warp row; more rows per CTA means fewer re-reads of K/V, see decode_kernel.cuh).
+constexpr int decode_rows_per_cta(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+
+template <int kHeadDim, class Element, int kArch>
+void run_decode(const DecodeLaunch& L, cudaStream_t stream);
+// Resident CTAs per SM of the kernel run_decode launches for this many rows per CTA.
+template <int kHeadDim, class Element, int kArch>
+int decode_ctas_per_sm(int rows_per_cta);
+
+// ---- host side (decode.cpp) ----------------------------------------------------------------------
+
+// The split count for a plan: p.num_splits when set, else the fewest splits whose grid fills
+// `slots` (= SMs x resident CTAs per SM) nearly as well as any split count could.
+int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t slots);
+int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits);
+// Fills plan.num_splits and plan.workspace_bytes for the current device (compute capability cc).
+void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms);
+// Queues the whole step on `stream`: status reset, the attention kernel (with the append), and the
+// combine when splitting. Reads nothing to the host.
+void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* workspace, int cc,
+                     cudaStream_t stream);
+std::string decode_variant_list();
+
+}  // namespace flashattn::cuda

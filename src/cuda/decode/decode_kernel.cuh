@@ -1,0 +1,432 @@
+// The split-KV decode kernel (sm80+, mma.sync): a few query rows against a long, possibly paged,
+// KV range. It is bound by HBM bandwidth, so the design is about bytes in flight and reading each
+// K/V byte once, not about FLOPs:
+//   * rows: the query heads sharing one KV head times the new tokens form the M dimension (padded
+//     to 16 per warp row; the padding costs tensor-core work, which is idle anyway, never memory);
+//   * warps: 4 per CTA, arranged kWarpsM x kWarpsN. kWarpsM warps own 16 rows each, kWarpsN warps
+//     split every 64-key tile between them, each with its own online-softmax state, merged once
+//     in shared memory at the end. With one m16 tile of rows (the usual decode) all four warps
+//     work on different keys, so the tensor cores see four independent streams;
+//   * memory: K and V tiles are separate "half-tiles" in one ring of cp.async slots (a K half
+//     feeds S = Q K^T, the next V half feeds O += P V), so a ring of any depth fits the shared
+//     memory budget even at head dim 256, and kSlots - 1 half-tiles are always in flight;
+//   * paging: each row of a half-tile is found through the block table when issued (pages of any
+//     size, scattered); keys past the cached length come straight from k_new/v_new (the CTA that
+//     appends them to the cache runs concurrently), so appending needs no separate pass;
+//   * guards: the run path trusts no index. A length outside [0, plan max] or past the capacity,
+//     or a page id outside [0, num_pages), is never dereferenced; the CTA records a fault in the
+//     workspace and writes NaN rows (or a poisoned partial that the merge turns into NaN).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/block_range.h"
+#include "core/params.h"
+#include "core/softmax_state.h"
+#include "cuda/decode/decode.h"
+#include "cuda/ptx/sm80.cuh"
+#include "cuda/sm80/smem_tile.cuh"  // Swizzle, LaneRows: the portable kernels' shared-tile layout
+
+namespace flashattn::cuda::decode {
+
+// Half-tile slots of the K/V ring per head dim. A half-tile is 64 keys x d x 2 bytes (8 KB at
+// d = 64, 16 KB at 128, 32 KB at 256). Budget for the ring plus the largest Q tile (64 rows):
+//   sm90: 112 KB, so two CTAs share an SM (228 KB) and their loads overlap each other's compute;
+//   sm80: 96 KB, within the 99 KB per block of sm86/sm89 (the sm80 build also runs there).
+// At most 8 slots: beyond that the in-flight bytes per SM exceed what HBM latency needs
+// (unmeasured: bandwidth x ~1 us of latency / 132 SMs is ~36 KB per SM on an H200).
+template <int kArch>
+constexpr int decode_kv_slots(int head_dim) {
+  constexpr int kBudget = (kArch >= 90 ? 112 : 96) * 1024;
+  const int half_tile = 64 * head_dim * 2;
+  const int slots = kBudget / half_tile - 1;  // one half-tile's worth for Q
+  return slots > 8 ? 8 : slots;
+}
+
+template <int kHeadDim_, class Element_, int kWarpsM_, int kSlots_>
+struct DecodeTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kSlots = kSlots_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kBlockM = 16 * kWarpsM;
+  static constexpr int kBlockN = 64;
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;  // 16, 32 or 64 keys per warp per tile
+  static constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
+  // Loader: threads take a fixed chunk column and walk rows; head dims 96 and 192 round their
+  // chunk count up to a power of two and leave those threads idle (the loads are what matter).
+  static constexpr int kChunkSlots = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static constexpr int kRowsPerPass = kThreads / kChunkSlots;
+  static constexpr int kPasses = kBlockN / kRowsPerPass;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kNTiles = kWarpKeys / 8;
+  // Q fragments stay in registers up to d = 128 (d/4 registers); at d = 256, O alone takes 128
+  // registers per thread and re-reading Q from shared memory is cheaper than spilling.
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+  static constexpr int kTileQ = kBlockM * kHeadDim;
+  static constexpr int kTileKV = kBlockN * kHeadDim;
+  static constexpr int kLoopSmem = (kTileQ + kSlots * kTileKV) * int(sizeof(Element));
+  // The cross-warp merge reuses the same memory: o of every (warp column, row) with a row stride
+  // of d + 4 floats (rows then start 4 banks apart: the fragment stores are conflict-free), then m
+  // and l.
+  static constexpr int kRedStride = kHeadDim + 4;
+  static constexpr int kReduceSmem = (kWarpsN * kBlockM * kRedStride + 2 * kWarpsN * kBlockM) * 4;
+  static constexpr int kSmemBytes = kLoopSmem > kReduceSmem ? kLoopSmem : kReduceSmem;
+  static_assert(kSlots >= 2, "the ring needs one half-tile in flight while another is consumed");
+  static_assert(kWarpKeys % 16 == 0, "P V takes k16 steps within a warp's keys");
+  static_assert(kBlockN % kRowsPerPass == 0, "every pass loads whole rows");
+};
+
+// Where the cache row of key `key` of sequence b lives: (page, slot within page). False when the
+// block table names no page of the cache (the caller must not read or write it). `table` is the
+// sequence's block-table row. Keys are below 2^31 + seqlen_new (lengths are i32) and pages hold at
+// most 1024 tokens, so 32-bit division is exact (and far cheaper than 64-bit).
+__device__ __forceinline__ bool cache_slot(const core::DecodeParams& p, const int32_t* table, int64_t b,
+                                           int64_t key, int64_t& page, int64_t& slot) {
+  if (!p.paged) {
+    page = b;
+    slot = key;
+    return true;
+  }
+  const uint32_t k = uint32_t(key), size = uint32_t(p.page_size), index = k / size;
+  const int32_t id = table[int64_t(index) * p.block_table_col_stride];
+  page = id;
+  slot = k - index * size;
+  return id >= 0 && id < p.num_pages;
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_constant__ DecodeLaunch L) {
+  using E = typename T::Element;
+  using Mma = ptx::Mma<E>;
+  using Sw = sm80::Swizzle<T::kChunks>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  E* sQ = reinterpret_cast<E*>(smem_raw);
+  E* sKV = sQ + T::kTileQ;
+  const core::DecodeParams& p = L.p;
+
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+  // blockIdx.x = ((b * heads_kv + hk) * splits + split) * row_tiles + row_tile: the row tiles of
+  // one key range are neighbours, so their repeated K/V reads meet in L2.
+  int64_t idx = blockIdx.x;
+  const int row_tile = int(idx % L.row_tiles);
+  idx /= L.row_tiles;
+  const int split = int(idx % L.splits);
+  idx /= L.splits;
+  const int64_t hk = idx % p.heads_kv, b = idx / p.heads_kv;
+  const int64_t group = p.heads_q / p.heads_kv;
+  const int64_t rows = group * p.seqlen_new;
+  const int64_t r0 = int64_t(row_tile) * T::kBlockM;
+  const int rows_valid = int(rows - r0 < T::kBlockM ? rows - r0 : T::kBlockM);
+  const int chunks_valid = int(p.head_dim / 8);  // smaller head dims run on a larger kernel
+
+  // The one length read from the device, checked before it sizes anything.
+  const int64_t len = p.cache_seqlens[b * p.cache_seqlens_stride];
+  const int64_t extra = p.append ? p.seqlen_new : 0;
+  const bool bad_len = len < 0 || len > L.max_cache_seqlen || len + extra > L.capacity;
+  const int64_t keys = bad_len ? 0 : len + extra;
+  bool fault = bad_len;  // this thread's view; OR-ed over the CTA at the end
+
+  const E* k_cache = static_cast<const E*>(p.k_cache);
+  const E* v_cache = static_cast<const E*>(p.v_cache);
+  const int32_t* table = p.paged ? p.block_table + b * p.block_table_row_stride : nullptr;
+
+  // Append: one CTA per (sequence, KV head) copies the new tokens into the cache. Nothing in this
+  // launch reads those slots (keys >= len come from k_new/v_new below), so no ordering is needed.
+  if (p.append && split == 0 && row_tile == 0 && !bad_len) {
+    for (int64_t i = tid; i < p.seqlen_new * chunks_valid; i += T::kThreads) {
+      const int64_t tok = i / chunks_valid, c = i % chunks_valid;
+      int64_t page, slot;
+      if (!cache_slot(p, table, b, len + tok, page, slot)) {
+        fault = true;
+        continue;
+      }
+      const E* kn = static_cast<const E*>(p.k_new) + p.knew_s.offset(b, tok, hk) + 8 * c;
+      const E* vn = static_cast<const E*>(p.v_new) + p.vnew_s.offset(b, tok, hk) + 8 * c;
+      E* kc = static_cast<E*>(p.k_cache) + page * p.kc_page + slot * p.kc_row + hk * p.kc_head + 8 * c;
+      E* vc = static_cast<E*>(p.v_cache) + page * p.vc_page + slot * p.vc_row + hk * p.vc_head + 8 * c;
+      *reinterpret_cast<uint4*>(kc) = *reinterpret_cast<const uint4*>(kn);
+      *reinterpret_cast<uint4*>(vc) = *reinterpret_cast<const uint4*>(vn);
+    }
+  }
+
+  // This CTA's key tiles: the tiles its rows' tokens see (causal/window, bottom-right over `keys`),
+  // cut into L.splits equal runs of whole tiles. Lengths come from the device, so the cut is made
+  // here and a plan stays valid as sequences grow.
+  const core::MaskSpec mask{p.seqlen_new, keys, p.window_left, p.window_right};
+  const int64_t tok_first = r0 / group, tok_last = (r0 + rows_valid - 1) / group;
+  const core::TileRange tiles = core::tile_range(mask, tok_first, tok_last + 1, T::kBlockN);
+  const int64_t per_split = (tiles.n_end - tiles.n_begin + L.splits - 1) / L.splits;
+  const int64_t n_begin = min(tiles.n_end, tiles.n_begin + split * per_split);
+  const int64_t n_end = min(tiles.n_end, n_begin + per_split);
+
+  // Scores enter exp2 as fma(u, c, -base), u the raw q.k (or its tanh under softcap), c the scale
+  // (or softcap) times log2(e): as in the forward kernel.
+  const bool softcap = p.softcap > 0.f;
+  const float c = float(core::kLog2e) * (softcap ? p.softcap : p.scale);
+  const float tanh_scale = softcap ? p.scale / p.softcap : 0.f;
+
+  float acc_o[T::kDTiles][4];
+#pragma unroll
+  for (int j = 0; j < T::kDTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc_o[j][i] = 0.f;
+  float row_max[2] = {core::neg_inf<float>(), core::neg_inf<float>()};  // exp2 domain
+  float row_sum[2] = {0.f, 0.f};                                         // thread-partial
+  // The tokens of this thread's two fragment rows (for the mask).
+  int64_t row_tok[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) row_tok[rr] = (r0 + 16 * wm + g + 8 * rr) / group;
+
+  if (n_end > n_begin) {
+    // Q rows: row r is token r / group of query head hk * group + r % group; rows past the last
+    // and columns past head_dim are zero-filled.
+    const E* q = static_cast<const E*>(p.q);
+    for (int i = tid; i < T::kBlockM * T::kChunks; i += T::kThreads) {
+      const int row = i / T::kChunks, ch = i % T::kChunks;
+      const int64_t r = r0 + row;
+      const bool valid = row < rows_valid && ch < chunks_valid;
+      const E* src = valid ? q + p.q_s.offset(b, r / group, hk * group + r % group) + 8 * ch : q;
+      ptx::thread_cp_async_16(sQ + Sw::offset(row, ch), src, valid);
+    }
+
+    // Half-tile j: K (even j) or V (odd j) of key tile n_begin + j / 2, into ring slot j % kSlots.
+    const int ch = tid % T::kChunkSlots, row0 = tid / T::kChunkSlots;
+    auto load_half = [&](int64_t j) {
+      if (ch >= T::kChunks) return;
+      const bool is_v = (j & 1) != 0;
+      const int64_t key0 = (n_begin + j / 2) * T::kBlockN;
+      E* dst = sKV + int(j % T::kSlots) * T::kTileKV;
+      const E* cache = is_v ? v_cache : k_cache;
+      const E* cache_head = cache + hk * (is_v ? p.vc_head : p.kc_head);
+      const E* fresh = static_cast<const E*>(is_v ? p.v_new : p.k_new);
+      const int64_t s_page = is_v ? p.vc_page : p.kc_page, s_row = is_v ? p.vc_row : p.kc_row;
+      const core::Strides& s_new = is_v ? p.vnew_s : p.knew_s;
+      // Four rows' block-table lookups in flight at a time: a full unroll (16 rows at d = 256)
+      // spilled registers next to the 128 of O.
+#pragma unroll 4
+      for (int pass = 0; pass < T::kPasses; ++pass) {
+        const int row = row0 + pass * T::kRowsPerPass;
+        const int64_t key = key0 + row;
+        const E* src = nullptr;
+        if (key < keys) {
+          if (key >= len) {
+            src = fresh + s_new.offset(b, key - len, hk);
+          } else {
+            int64_t page, slot;
+            if (cache_slot(p, table, b, key, page, slot))
+              src = cache_head + page * s_page + slot * s_row;
+            else
+              fault = true;
+          }
+        }
+        const bool valid = src != nullptr && ch < chunks_valid;
+        ptx::thread_cp_async_16(dst + Sw::offset(row, ch), valid ? src + 8 * ch : cache, valid);
+      }
+    };
+    const int64_t halves = 2 * (n_end - n_begin);
+    // Prologue: Q joins the first group; every slot's group is committed (empty past the end), so
+    // "at most kSlots - 2 groups pending" always means "half-tile j has landed".
+#pragma unroll 1
+    for (int s = 0; s < T::kSlots - 1; ++s) {
+      if (s < halves) load_half(s);
+      ptx::thread_cp_async_commit();
+    }
+    // Before consuming half-tile j: it has landed for every thread, every warp is done with j - 1,
+    // and that slot is refilled with half-tile j + kSlots - 1.
+    auto begin_half = [&](int64_t j) {
+      ptx::thread_cp_async_wait<T::kSlots - 2>();
+      __syncthreads();
+      if (j + T::kSlots - 1 < halves) load_half(j + T::kSlots - 1);
+      ptx::thread_cp_async_commit();
+      return sKV + int(j % T::kSlots) * T::kTileKV;
+    };
+
+    const int mi = lane >> 3;
+    const sm80::LaneRows<T::kChunks> q_rows(16 * wm + (lane & 15), lane >> 4);
+    const sm80::LaneRows<T::kChunks> k_rows(wn * T::kWarpKeys + 8 * (mi >> 1) + (lane & 7), mi & 1);
+    const sm80::LaneRows<T::kChunks> v_rows(wn * T::kWarpKeys + 8 * (mi & 1) + (lane & 7), mi >> 1);
+    uint32_t q_frag[T::kQInRegs ? T::kKSteps : 1][4];
+    uint32_t p_frag[T::kWarpKeys / 16][4];
+
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      const int64_t j = 2 * (n - n_begin);
+      const E* sK = begin_half(j);
+      if constexpr (T::kQInRegs) {
+        if (j == 0) {
+#pragma unroll
+          for (int ks = 0; ks < T::kKSteps; ++ks) ptx::warp_ldmatrix_x4(q_frag[ks], sQ + q_rows.at(0, 2 * ks));
+        }
+      }
+      // S = Q K^T over this warp's keys of the tile.
+      float acc_s[T::kNTiles][4];
+#pragma unroll
+      for (int jn = 0; jn < T::kNTiles; ++jn)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_s[jn][i] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < T::kKSteps; ++ks) {
+        uint32_t a_smem[4];
+        if constexpr (!T::kQInRegs) ptx::warp_ldmatrix_x4(a_smem, sQ + q_rows.at(0, 2 * ks));
+        const uint32_t(&a)[4] = T::kQInRegs ? q_frag[T::kQInRegs ? ks : 0] : a_smem;
+#pragma unroll
+        for (int jn = 0; jn < T::kNTiles; jn += 2) {
+          uint32_t bk[4];
+          ptx::warp_ldmatrix_x4(bk, sK + k_rows.at(8 * jn, 2 * ks));
+          Mma::warp_m16n8k16(acc_s[jn], a, bk[0], bk[1]);
+          Mma::warp_m16n8k16(acc_s[jn + 1], a, bk[2], bk[3]);
+        }
+      }
+      // Softcap and mask are uniform over the CTA; here, unlike in the compute-bound forward,
+      // run-time branches cost nothing measurable next to the loads.
+      if (softcap) {
+#pragma unroll
+        for (int jn = 0; jn < T::kNTiles; ++jn)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_s[jn][i] = ptx::thread_tanh(acc_s[jn][i] * tanh_scale);
+      }
+      if (tiles.needs_mask(n)) {
+        const int64_t key0 = n * T::kBlockN + wn * T::kWarpKeys;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          // This row's visible keys relative to the warp's first key, clamped to [0, kWarpKeys].
+          const int64_t lo = max(min(mask.lo(row_tok[rr]) - key0, int64_t(T::kWarpKeys)), int64_t(0));
+          const int64_t hi = max(min(mask.hi(row_tok[rr]) - key0, int64_t(T::kWarpKeys)), int64_t(0));
+#pragma unroll
+          for (int jn = 0; jn < T::kNTiles; ++jn)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = 8 * jn + 2 * t + e;
+              if (col < lo || col >= hi) acc_s[jn][2 * rr + e] = core::neg_inf<float>();
+            }
+        }
+      }
+      // Online softmax with the lazy max (src/core/softmax_state.h), then P in 16 bits.
+      float factor[2];
+      bool moved = false;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float mx = core::neg_inf<float>();
+#pragma unroll
+        for (int jn = 0; jn < T::kNTiles; ++jn) mx = fmaxf(mx, fmaxf(acc_s[jn][2 * rr], acc_s[jn][2 * rr + 1]));
+        mx = ptx::quad_max(mx);
+        const float m_new = core::lazy_max(row_max[rr], mx * c);
+        factor[rr] = core::rescale_factor(row_max[rr], m_new);
+        row_max[rr] = m_new;
+        row_sum[rr] *= factor[rr];
+        moved |= factor[rr] != 1.f;
+      }
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int jd = 0; jd < T::kDTiles; ++jd)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_o[jd][i] *= factor[i >> 1];
+      }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float base = core::exponent_base(row_max[rr]);
+#pragma unroll
+        for (int jn = 0; jn < T::kNTiles; ++jn)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& s = acc_s[jn][2 * rr + e];
+            s = ptx::thread_exp2(fmaf(s, c, -base));
+            row_sum[rr] += s;
+          }
+      }
+#pragma unroll
+      for (int kk = 0; kk < T::kWarpKeys / 16; ++kk) {
+        p_frag[kk][0] = ptx::thread_pack2<E>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+        p_frag[kk][1] = ptx::thread_pack2<E>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+        p_frag[kk][2] = ptx::thread_pack2<E>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+        p_frag[kk][3] = ptx::thread_pack2<E>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+      }
+
+      // O += P V over the same keys (the next half-tile of the ring).
+      const E* sV = begin_half(j + 1);
+#pragma unroll
+      for (int kk = 0; kk < T::kWarpKeys / 16; ++kk)
+#pragma unroll
+        for (int jd = 0; jd < T::kDTiles; jd += 2) {
+          uint32_t bv[4];
+          ptx::warp_ldmatrix_x4_trans(bv, sV + v_rows.at(16 * kk, jd));
+          Mma::warp_m16n8k16(acc_o[jd], p_frag[kk], bv[0], bv[1]);
+          Mma::warp_m16n8k16(acc_o[jd + 1], p_frag[kk], bv[2], bv[3]);
+        }
+    }
+    ptx::thread_cp_async_wait<0>();
+  }
+
+  // Cross-warp merge in shared memory (the ring is free once every warp passed this barrier): the
+  // kWarpsN states of a row are moved onto their common max (core::rescale_factor), summed, and
+  // finalized once.
+  fault = __syncthreads_or(fault) != 0;
+  float* red_o = reinterpret_cast<float*>(smem_raw);
+  float* red_m = red_o + T::kWarpsN * T::kBlockM * T::kRedStride;
+  float* red_l = red_m + T::kWarpsN * T::kBlockM;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = 16 * wm + g + 8 * rr, at = wn * T::kBlockM + row;
+    const float l = ptx::quad_sum(row_sum[rr]);
+    if (t == 0) {
+      red_m[at] = row_max[rr];
+      red_l[at] = l;
+    }
+#pragma unroll
+    for (int jd = 0; jd < T::kDTiles; ++jd)
+      *reinterpret_cast<float2*>(red_o + at * T::kRedStride + 8 * jd + 2 * t) =
+          make_float2(acc_o[jd][2 * rr], acc_o[jd][2 * rr + 1]);
+  }
+  __syncthreads();
+
+  if (fault && tid == 0) {
+    atomicOr(&L.status[0], bad_len ? kDecodeFaultLength : kDecodeFaultPage);
+    atomicMax(&L.status[1], ~uint32_t(b));  // the largest ~b is the smallest faulty b
+  }
+  const float nan = __int_as_float(0x7fffffff);
+  constexpr int kQuads = T::kHeadDim / 4;
+  for (int i = tid; i < T::kBlockM * kQuads; i += T::kThreads) {
+    const int row = i / kQuads, col = 4 * (i % kQuads);
+    if (row >= rows_valid || col >= p.head_dim) continue;
+    float m = core::neg_inf<float>();
+#pragma unroll
+    for (int w = 0; w < T::kWarpsN; ++w) m = fmaxf(m, red_m[w * T::kBlockM + row]);
+    float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < T::kWarpsN; ++w) {
+      const int at = w * T::kBlockM + row;
+      const float f = core::rescale_factor(red_m[at], m);
+      l += f * red_l[at];
+      const float4 ow = *reinterpret_cast<const float4*>(red_o + at * T::kRedStride + col);
+      o[0] += f * ow.x;
+      o[1] += f * ow.y;
+      o[2] += f * ow.z;
+      o[3] += f * ow.w;
+    }
+    const float inv = fault ? nan : core::finalize_scale(l);
+    const int64_t r = r0 + row, tok = r / group, h = hk * group + r % group;
+    if (L.splits == 1) {
+      E* out = static_cast<E*>(p.out) + p.o_s.offset(b, tok, h) + col;
+      reinterpret_cast<uint32_t*>(out)[0] = ptx::thread_pack2<E>(o[0] * inv, o[1] * inv);
+      reinterpret_cast<uint32_t*>(out)[1] = ptx::thread_pack2<E>(o[2] * inv, o[3] * inv);
+      if (col == 0 && p.lse != nullptr)
+        static_cast<float*>(p.lse)[p.lse_s.offset(b, tok, h)] = fault ? nan : core::finalize_lse(m, l);
+    } else {
+      // Partial row (split, b, tok, h); a poisoned partial has lse = +inf, which the merge turns
+      // into a NaN row whatever the other splits hold (exp(inf - inf) is NaN).
+      const int64_t prow = ((int64_t(split) * p.batch + b) * p.seqlen_new + tok) * p.heads_q + h;
+      *reinterpret_cast<float4*>(L.part_o + prow * p.head_dim + col) =
+          make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+      if (col == 0) L.part_lse[prow] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::decode
