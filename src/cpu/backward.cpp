@@ -1,13 +1,13 @@
 // The CPU backward: dq, dk, dv by recomputation, tiled as in the seed. Only lse (one number per
 // row) is kept from the forward; every score tile is rebuilt from Q and K, so nothing N x N is ever
-// stored and the extra memory is O(N): D and the exp2-domain lse per row, plus fixed-size tiles
+// stored and the extra memory is O(N): D and lse per row, plus fixed-size tiles
 // per worker.
 //
 // Schedule, and why. A (query tile, key tile) step contributes to dQ of its rows and to dK, dV of
 // its keys. Splitting the work over key tiles alone would make dQ a sum over tasks, which needs
 // atomics or a reduction whose order depends on the schedule. Instead there are two passes, each
 // the only writer of its outputs:
-//   pass 1, tasks (batch, query head, query tile): computes D = rowsum(dO o O) and the row bases
+//   pass 1, tasks (batch, query head, query tile): computes D = rowsum(dO o O) and the lse to use
 //           for its rows (kept for pass 2), then loops over its key tiles in order, dQ += dS K;
 //   pass 2, tasks (batch, KV head, key tile): loops over the group's query heads and their query
 //           tiles in order, dV += P^T dO and dK += dS^T Q (GQA sums land in one accumulator).
@@ -82,13 +82,13 @@ struct Scratch {
   // Q, dO and K, V tiles: each pass keeps one pair transposed (see bwd::TileStep).
   std::vector<Acc> q, dout, k, v, p, dp, deriv;
   std::vector<double> acc_k, acc_v;
-  std::vector<Acc> base, delta;
+  std::vector<Acc> lse, delta;
   std::vector<int64_t> lo, hi;
 
   Scratch(int64_t tile, int64_t d)
       : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
         p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
-        acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), base(size_t(tile)),
+        acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
         delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)) {}
 };
 
@@ -97,7 +97,7 @@ class Backward {
  public:
   explicit Backward(const core::BackwardParams& p)
       : p_(p), ops_(tile_ops<Acc>()), tile_(tile_for(p.head_dim)), d_(p.head_dim),
-        base_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
+        lse_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
     for (int64_t b = 0; b < p.batch; ++b) {
       const Seq s = seq_of(p, b);
       const core::MaskSpec mask = mask_of(s);
@@ -116,12 +116,8 @@ class Backward {
     scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_));
     step_.bm = step_.bn = tile_;
     step_.d = d_;
-    if (p.softcap > 0.f) {
-      step_.score_mul = Acc(p.scale) / Acc(p.softcap);
-      step_.cap_mul = Acc(p.softcap) * Acc(core::kLog2e);
-    } else {
-      step_.score_mul = Acc(p.scale) * Acc(core::kLog2e);
-    }
+    step_.score_mul = p.softcap > 0.f ? Acc(p.scale) / Acc(p.softcap) : Acc(p.scale);
+    step_.softcap = Acc(p.softcap);
   }
 
   void run() {
@@ -159,7 +155,7 @@ class Backward {
       st.dk = w.acc_k.data();
       st.dv = w.acc_v.data();
     }
-    st.base = w.base.data();
+    st.lse = w.lse.data();
     st.delta = w.delta.data();
     st.lo = w.lo.data();
     st.hi = w.hi.data();
@@ -220,27 +216,27 @@ class Backward {
     store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, rows, t.head, d_, w.acc_k.data(), double(p_.scale));
   }
 
-  // D = rowsum(dO o O) (dO^T is in w.dout) and base = lse * log2(e) of the tile's rows, into w and
-  // the shared buffers.
-  // A row whose lse is -inf saw no key: base = +inf makes every P of it exp2(-inf) = 0 and D = 0,
-  // so it contributes nothing and its gradients are exactly zero. Padding rows are treated alike.
+  // D = rowsum(dO o O) (dO^T is in w.dout) and lse of the tile's rows, into w and the shared
+  // buffers. A row whose lse is -inf saw no key: lse = +inf instead makes every P of it
+  // exp(-inf) = 0 and D = 0, so it contributes nothing and its gradients are exactly zero. Padding
+  // rows are treated alike.
   void row_statistics(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, Scratch<Acc>& w) {
     const T* out = static_cast<const T*>(p_.out);
     const Acc* lse = static_cast<const Acc*>(p_.lse);
     constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
     for (int64_t i = 0; i < tile_; ++i) {
-      Acc base = kInf, delta = 0;
+      Acc l = kInf, delta = 0;
       if (i < rows) {
-        const Acc l = lse[p_.lse_s.offset(b, s.q_tok0 + r0 + i, h)];
-        if (l != -kInf) {
+        const Acc given = lse[p_.lse_s.offset(b, s.q_tok0 + r0 + i, h)];
+        if (given != -kInf) {
           const T* o = out + p_.o_s.offset(b, s.q_tok0 + r0 + i, h);
           for (int64_t x = 0; x < d_; ++x) delta += w.dout[size_t(x * tile_ + i)] * load_acc<Acc>(o + x);
-          base = l * Acc(core::kLog2e);
+          l = given;
         }
-        base_[size_t(h * p_.total_q + s.q_row0 + r0 + i)] = base;
+        lse_[size_t(h * p_.total_q + s.q_row0 + r0 + i)] = l;
         delta_[size_t(h * p_.total_q + s.q_row0 + r0 + i)] = delta;
       }
-      w.base[size_t(i)] = base;
+      w.lse[size_t(i)] = l;
       w.delta[size_t(i)] = delta;
     }
   }
@@ -266,7 +262,7 @@ class Backward {
         for (int64_t i = 0; i < tile_; ++i) {
           const bool real = i < rows;
           const size_t at = size_t(h * p_.total_q + s.q_row0 + r0 + i);
-          w.base[size_t(i)] = real ? base_[at] : std::numeric_limits<Acc>::infinity();
+          w.lse[size_t(i)] = real ? lse_[at] : std::numeric_limits<Acc>::infinity();
           w.delta[size_t(i)] = real ? delta_[at] : Acc(0);
         }
         st.masked = range.needs_mask(t.tile);
@@ -280,7 +276,7 @@ class Backward {
   const core::BackwardParams& p_;
   const bwd::TileOps<Acc> ops_;
   const int64_t tile_, d_;
-  std::vector<Acc> base_, delta_;  // [heads_q][total_q], written by pass 1, read by pass 2
+  std::vector<Acc> lse_, delta_;  // [heads_q][total_q], written by pass 1, read by pass 2
   std::vector<Task> row_tasks_, key_tasks_;
   std::vector<Scratch<Acc>> scratch_;
   bwd::TileStep<Acc> step_;  // the shape and score constants shared by every step

@@ -4,7 +4,7 @@
 // active SIMD level (simd.h).
 //
 // All tiles are dense, row-major, in accumulator precision T (float, or double for f64), padded to
-// full size with zeros: a padded query row has base = +inf (so P = 0) and a padded key is outside
+// full size with zeros: a padded query row has lse = +inf (so P = 0) and a padded key is outside
 // every row's visible range (block_range.h puts a partial last key tile in the masked set), so
 // padding never reaches a gradient.
 #pragma once
@@ -27,14 +27,14 @@ struct TileStep {
   const T* k = nullptr;     // [bn][d]
   const T* v = nullptr;     // [bn][d]
   // so that each task transposes its fixed tiles once and streams the others as plain rows.
-  const T* base = nullptr;        // [bm] lse * log2(e), +inf for rows that contribute nothing
+  const T* lse = nullptr;         // [bm] the forward's lse, +inf for rows that contribute nothing
   const T* delta = nullptr;       // [bm] D = rowsum(dO o O)
   const int64_t* lo = nullptr;    // [bm] visible keys of each row are [lo, hi) (read when masked)
   const int64_t* hi = nullptr;
   int64_t n0 = 0;                 // index of the tile's first key
   bool masked = false;            // the tile needs the element-wise mask
-  T score_mul = 0;                // no softcap: scale * log2(e); softcap: scale / softcap
-  T cap_mul = 0;                  // softcap * log2(e), or 0 when there is no softcap
+  T score_mul = 0;                // no softcap: scale; softcap: scale / softcap
+  T softcap = 0;                  // 0 = off
 
   T* p = nullptr;      // scratch, bm x bn in the step's layout: S, then P, then dS
   T* dp = nullptr;     // scratch: dP

@@ -145,7 +145,7 @@ inline float tanh_t(float x) { return tanhf(x); }
 inline double tanh_t(double x) { return tanh(x); }
 
 // The score tile is S = Q K^T [bm][bn] (one row per query), or its transpose S^T [bn][bm] (one
-// row per key) when Transposed. The per-query values base, delta, lo and hi then index tile rows,
+// row per key) when Transposed. The per-query values lse, delta, lo and hi then index tile rows,
 // or tile columns (as vectors).
 template <bool Transposed, class T>
 struct Layout {
@@ -153,26 +153,30 @@ struct Layout {
   explicit Layout(const TileStep<T>& st) : rows(Transposed ? st.bn : st.bm), cols(Transposed ? st.bm : st.bn) {}
 };
 
-// P = exp2(s2 - base) with s2 the score in the exp2 domain (capped when softcap is on), 0 where
-// masked. Overwrites st.p, which holds the scores on entry.
+// P = exp(s - lse), 0 where masked, with s the scaled (and capped) score. Overwrites st.p, which
+// holds Q.K on entry. Evaluated as exp2((s - lse) * log2(e)): subtracting before the change of base
+// rounds at the size of s - lse, which is small exactly for the entries that carry weight, instead
+// of at the size of lse * log2(e); for scores in the tens this keeps P's relative error near that
+// of the rounded lse itself.
 template <bool Transposed, class T, int W>
 void probabilities(const TileStep<T>& st) {
   using reg = typename Simd<T, W>::reg;
   const Layout<Transposed, T> t(st);
   T mul = st.score_mul;
-  if (st.cap_mul != T(0)) {  // s = c * tanh(s / c): keep tanh here and 1 - tanh^2 for the gradient
+  if (st.softcap != T(0)) {  // s = c * tanh(s / c): keep tanh here and 1 - tanh^2 for the gradient
     for (int64_t e = 0; e < t.rows * t.cols; ++e) {
       const T th = tanh_t(st.p[e] * st.score_mul);
       st.deriv[e] = T(1) - th * th;
       st.p[e] = th;
     }
-    mul = st.cap_mul;
+    mul = st.softcap;
   }
+  const T log2e = T(1.4426950408889634);
   for (int64_t r = 0; r < t.rows; ++r) {
     T* row = st.p + r * t.cols;
     for (int64_t c = 0; c < t.cols; c += W) {
-      const reg base = Transposed ? load<T, W>(st.base + c) : splat<T, W>(st.base[r]);
-      store<T, W>(row + c, exp2_vec<T, W>(load<T, W>(row + c) * mul - base));
+      const reg lse = Transposed ? load<T, W>(st.lse + c) : splat<T, W>(st.lse[r]);
+      store<T, W>(row + c, exp2_vec<T, W>((load<T, W>(row + c) * mul - lse) * log2e));
     }
     if (!st.masked) continue;
     if constexpr (Transposed) {
@@ -200,7 +204,7 @@ void score_grad(const TileStep<T>& st) {
       for (int64_t c = 0; c < t.cols; ++c) row[c] *= dp[c] - delta;
     }
   }
-  if (st.cap_mul != T(0))
+  if (st.softcap != T(0))
     for (int64_t e = 0; e < t.rows * t.cols; ++e) st.p[e] *= st.deriv[e];
 }
 
