@@ -6,8 +6,8 @@
 
 #include "api/backends.h"
 #include "core/numeric.h"
-#include "cpu/backward_io.h"
 #include "core/softmax_state.h"
+#include "cpu/backward_io.h"  // load_acc, store_as
 #include "cpu/parallel.h"
 
 namespace flashattn::cpu {
