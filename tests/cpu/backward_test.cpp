@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +40,8 @@ struct Case {
   double q_std = 1.0;               // spread of q, hence of the scores
   int threads = 0;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }  // gtest names a failing case by it
 
 // A backward problem: random q, k, v, dout; out and lse from the fp64 reference forward.
 struct Problem {
