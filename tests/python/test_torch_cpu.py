@@ -160,6 +160,25 @@ def test_torch_compile_fullgraph_traces_the_ops():
     assert count(graphs["bw"], torch.ops.flashattn.bwd.default) == 1
 
 
+def test_torch_compile_of_a_decode_step_appends_like_eager():
+    torch._dynamo.reset()
+    kc, vc = rand(2, 32, 2, 64), rand(2, 32, 2, 64)
+    lens = torch.tensor([5, 17], dtype=torch.int32)
+    q, k_new, v_new = rand(2, 1, 4, 64), rand(2, 1, 2, 64), rand(2, 1, 2, 64)
+
+    def step(q, kc, vc, k_new, v_new, lens):
+        out = flashattn.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, causal=True)
+        return out * 2
+
+    kc2, vc2 = kc.clone(), vc.clone()
+    eager = step(q, kc, vc, k_new, v_new, lens)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kc2, vc2, k_new, v_new, lens)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    # The declared mutation reaches the caller's caches under torch.compile too.
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    assert torch.equal(kc[0, 5], k_new[0, 0]) and torch.equal(vc[1, 17], v_new[1, 0])
+
+
 def test_opcheck_registrations():
     q, k, v = rand(1, 6, 2, 32, grad=True), rand(1, 9, 1, 32, grad=True), rand(1, 9, 1, 32, grad=True)
     opts = (0.0, True, -1, -1, 0.0, False)
