@@ -224,6 +224,9 @@ std::vector<Case> option_cases() {
   c = make("strided_f16", DType::f16);
   c.pad = 3, c.causal = true, c.hkv = 1;
   v.push_back(c);
+  c = make("strided_f32");
+  c.pad = 5, c.wl = 100, c.hkv = 1;
+  v.push_back(c);
   c = make("head_dim_32");
   c.d = 32, c.sq = 100, c.sk = 100;
   v.push_back(c);
