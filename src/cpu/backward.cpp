@@ -165,18 +165,24 @@ class Backward {
     return st;
   }
 
-  // Q and dO of query rows [r0, r0 + rows) of head h (transposed for the dq pass, whose tasks own
-  // them), and each row's visible key range.
+  // Rows [tok0, tok0 + rows) of head h of two tensors (Q and dO, or K and V) into dst_x and dst_y,
+  // transposed when the task owns them and row-major when they stream (see bwd::TileStep).
+  void load_pair(Acc* dst_x, const void* x, const core::Strides& xs, Acc* dst_y, const void* y,
+                 const core::Strides& ys, int64_t b, int64_t tok0, int64_t rows, int64_t h, bool transposed) const {
+    if (transposed) {
+      load_tile_transposed<T>(dst_x, tile_, x, xs, b, tok0, rows, h, d_);
+      load_tile_transposed<T>(dst_y, tile_, y, ys, b, tok0, rows, h, d_);
+    } else {
+      load_tile<T>(dst_x, tile_, x, xs, b, tok0, rows, h, d_);
+      load_tile<T>(dst_y, tile_, y, ys, b, tok0, rows, h, d_);
+    }
+  }
+
+  // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
+  // key range.
   void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
                        Scratch<Acc>& w) const {
-    const int64_t tok0 = s.q_tok0 + r0;
-    if (transposed) {
-      load_tile_transposed<T>(w.q.data(), tile_, p_.q, p_.q_s, b, tok0, rows, h, d_);
-      load_tile_transposed<T>(w.dout.data(), tile_, p_.dout, p_.do_s, b, tok0, rows, h, d_);
-    } else {
-      load_tile<T>(w.q.data(), tile_, p_.q, p_.q_s, b, tok0, rows, h, d_);
-      load_tile<T>(w.dout.data(), tile_, p_.dout, p_.do_s, b, tok0, rows, h, d_);
-    }
+    load_pair(w.q.data(), p_.q, p_.q_s, w.dout.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h, transposed);
     const core::MaskSpec mask = mask_of(s);
     for (int64_t i = 0; i < tile_; ++i) {
       w.lo[size_t(i)] = mask.lo(r0 + i);
@@ -184,18 +190,10 @@ class Backward {
     }
   }
 
-  // K and V of keys [c0, c0 + cols) of KV head hk (transposed for the dk/dv pass, whose tasks own
-  // them).
+  // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks).
   void load_key_tile(const Seq& s, int64_t b, int64_t hk, int64_t c0, int64_t cols, bool transposed,
                      Scratch<Acc>& w) const {
-    const int64_t tok0 = s.k_tok0 + c0;
-    if (transposed) {
-      load_tile_transposed<T>(w.k.data(), tile_, p_.k, p_.k_s, b, tok0, cols, hk, d_);
-      load_tile_transposed<T>(w.v.data(), tile_, p_.v, p_.v_s, b, tok0, cols, hk, d_);
-    } else {
-      load_tile<T>(w.k.data(), tile_, p_.k, p_.k_s, b, tok0, cols, hk, d_);
-      load_tile<T>(w.v.data(), tile_, p_.v, p_.v_s, b, tok0, cols, hk, d_);
-    }
+    load_pair(w.k.data(), p_.k, p_.k_s, w.v.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk, transposed);
   }
 
   // Pass 1: the row statistics of one query tile, then its dQ over the key tiles it sees.
