@@ -1,6 +1,6 @@
 // The tiled FlashAttention loop nest of the CPU engine, shared by forward and decode.
 //
-// One query tile (at most kBlockM rows, each with its own query position) stays resident as Q^T
+// One query tile (at most block_rows(d) rows, each with its own query position) stays resident as Q^T
 // while key tiles of kBlockN keys stream past: S^T = K Q^T, softcap, mask (boundary tiles only),
 // online-softmax update, O~^T = f O~^T + V^T P^T. Key tiles outside the causal / window range are
 // never visited (core::tile_range). Only the tile-sized buffers of one Workspace per worker are
@@ -26,10 +26,16 @@
 
 namespace flashattn::cpu {
 
-// Query rows per tile: a multiple of every level's micro-tile width (24, 48), so full tiles need
-// no remainder kernels; each packed key tile serves 192 rows, which keeps the packing (and the
-// memory traffic behind it) a small share of the arithmetic.
-inline constexpr int64_t kBlockM = 192;
+// Query rows per tile. Each key tile is packed once per query tile, and its rows are scattered in
+// memory (one head-stride apart, a page apart for typical strides), so fetching them is latency
+// bound: the more rows share a packed tile, the smaller that share of the time. The bound is L2:
+// Q^T and O~^T together stay near 384 KiB (384 rows at d = 128). A multiple of every level's
+// micro-tile width (24, 48), so full tiles need no remainder kernels.
+inline constexpr int64_t kMaxBlockM = 384;
+inline int64_t block_rows(int64_t head_dim) {
+  int64_t rows = (49152 / head_dim) / 48 * 48;
+  return rows < 48 ? 48 : (rows > kMaxBlockM ? kMaxBlockM : rows);
+}
 // Keys per tile: a panel of the score tile (64 keys x one micro-tile of rows) stays in L1 in P V.
 inline constexpr int64_t kBlockN = 64;
 
@@ -60,22 +66,23 @@ inline int64_t packed_stride(int64_t d, int64_t elem_bytes) {
   return (lines % 2 == 0 ? lines + 1 : lines) * line;
 }
 
-// One worker's scratch space: O(kBlockM * d + kBlockN * d) values.
+// One worker's scratch space: O(block_m * d + kBlockN * d) values.
 template <class T>
 struct Workspace {
   explicit Workspace(int64_t head_dim)
       : d(head_dim),
         ld(packed_stride(head_dim, sizeof(T))),
-        qt(d * kBlockM),
-        ot(d * kBlockM),
-        st(kBlockN * kBlockM),
+        block_m(block_rows(head_dim)),
+        qt(d * block_m),
+        ot(d * block_m),
+        st(kBlockN * block_m),
         kt(kBlockN * ld),
         vt(kBlockN * ld) {}
-  int64_t d, ld;
+  int64_t d, ld, block_m;
   AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [kBlockN][mpad]
   AlignedArray<T> kt, vt;      // the current key / value tile, [kBlockN][ld]
-  alignas(64) T m[kBlockM], l[kBlockM], f[kBlockM];
-  int64_t lo[kBlockM], hi[kBlockM];  // visible keys [lo, hi) of each row
+  alignas(64) T m[kMaxBlockM], l[kMaxBlockM], f[kMaxBlockM];
+  int64_t lo[kMaxBlockM], hi[kMaxBlockM];  // visible keys [lo, hi) of each row
   int64_t rows = 0, mpad = 0;
 };
 
@@ -150,14 +157,14 @@ void load_keys(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, int64_
   }
 }
 
-// Sets the scores of keys a row may not see to -inf (boundary tiles only).
+// Sets the scores of keys a row may not see to -inf (boundary tiles only), for rows [i0, i1).
 template <class T>
-void apply_mask(Workspace<T>& ws, int64_t k0, int64_t nk) {
+void apply_mask(Workspace<T>& ws, int64_t k0, int64_t nk, int64_t i0, int64_t i1) {
   T* st = ws.st.get();
   for (int64_t j = 0; j < nk; ++j) {
     int64_t key = k0 + j;
     T* s = st + j * ws.mpad;
-    for (int64_t i = 0; i < ws.rows; ++i)
+    for (int64_t i = i0; i < i1; ++i)
       if (key < ws.lo[i] || key >= ws.hi[i]) s[i] = core::neg_inf<T>();
   }
 }
@@ -167,19 +174,35 @@ inline int64_t tile_keys(int64_t seqlen_k, int64_t n) {
 }
 
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
-// tile; `range` says which of them need the element-wise mask.
+// tile; `range` says which of them need the element-wise mask. On a tile that only some rows can
+// see (the diagonal of a causal mask, the edges of a window) the products and the softmax run on
+// those rows alone, rounded out to whole vectors: the others would take P = 0 and f = 1.
 template <class T, class KeyRows>
 void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const core::TileRange& range,
                   int64_t n_begin, int64_t n_end, const KeyRows& key_rows) {
-  const int64_t d = ws.d, mpad = ws.mpad;
+  const int64_t d = ws.d, mpad = ws.mpad, align = kern.row_align;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int64_t k0 = n * kBlockN, nk = tile_keys(cfg.mask.seqlen_k, n);
+    // lo and hi are nondecreasing over the real rows: the rows that see a key of [k0, k0 + nk)
+    // are one run [i0, i1).
+    int64_t i0 = 0, i1 = mpad;
+    if (range.needs_mask(n)) {
+      while (i0 < ws.rows && ws.hi[i0] <= k0) ++i0;
+      int64_t last = ws.rows;
+      while (last > i0 && ws.lo[last - 1] >= k0 + nk) --last;
+      if (last <= i0) continue;
+      i1 = ceil_div(last, align) * align;
+      i0 = i0 / align * align;
+    }
+    const int64_t rows = i1 - i0;
     load_keys(ws, kern, cfg.dtype, k0, nk, key_rows);
-    kern.scores(ws.kt.get(), ws.ld, nk, ws.qt.get(), d, mpad, ws.st.get());
-    if (cfg.softcap != T(0)) kern.softcap(ws.st.get(), nk * mpad, cfg.softcap);
-    if (range.needs_mask(n)) apply_mask(ws, k0, nk);
-    kern.softmax(ws.st.get(), nk, mpad, cfg.exp2_scale, ws.m, ws.l, ws.f);
-    kern.accumulate(ws.vt.get(), ws.ld, nk, ws.st.get(), mpad, d, ws.f, ws.ot.get());
+    T* st = ws.st.get() + i0;
+    kern.scores(ws.kt.get(), ws.ld, nk, ws.qt.get() + i0, d, rows, mpad, st);
+    if (cfg.softcap != T(0))
+      for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap);
+    if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
+    kern.softmax(st, nk, rows, mpad, cfg.exp2_scale, ws.m + i0, ws.l + i0, ws.f + i0);
+    kern.accumulate(ws.vt.get(), ws.ld, nk, st, rows, mpad, d, ws.f + i0, ws.ot.get() + i0);
   }
 }
 

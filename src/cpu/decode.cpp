@@ -68,8 +68,9 @@ void attend(const Cache& c, const TileKernels<T>& kern) {
   const core::DecodeParams& p = c.p;
   const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv;
   const int64_t rows = group * p.seqlen_new;            // rows per KV head
-  const int64_t row_tiles = ceil_div(rows, kBlockM);
-  const int64_t tile_rows = std::min(rows, kBlockM);    // rows of the largest tile
+  const int64_t bm = block_rows(d);
+  const int64_t row_tiles = ceil_div(rows, bm);
+  const int64_t tile_rows = std::min(rows, bm);         // rows of the largest tile
   const int64_t units = p.batch * p.heads_kv * row_tiles;
   if (units == 0) return;
 
@@ -99,7 +100,7 @@ void attend(const Cache& c, const TileKernels<T>& kern) {
     const int64_t unit = task / splits, split = task % splits;
     const int64_t b = unit / (p.heads_kv * row_tiles);
     const int64_t hk = (unit / row_tiles) % p.heads_kv;
-    const int64_t r0 = (unit % row_tiles) * kBlockM, r1 = std::min(rows, r0 + kBlockM);
+    const int64_t r0 = (unit % row_tiles) * bm, r1 = std::min(rows, r0 + bm);
     const TileConfig<T> cfg = make_config<T>(p.dtype, p.scale, p.softcap, mask_of(b));
     auto token = [&](int64_t i) { return (r0 + i) / group; };
     auto head = [&](int64_t i) { return hk * group + (r0 + i) % group; };
@@ -133,7 +134,7 @@ void attend(const Cache& c, const TileKernels<T>& kern) {
   parallel_for(units, p.num_threads, [&](int64_t unit, int) {
     const int64_t b = unit / (p.heads_kv * row_tiles);
     const int64_t hk = (unit / row_tiles) % p.heads_kv;
-    const int64_t r0 = (unit % row_tiles) * kBlockM, r1 = std::min(rows, r0 + kBlockM);
+    const int64_t r0 = (unit % row_tiles) * bm, r1 = std::min(rows, r0 + bm);
     std::vector<T> acc(static_cast<size_t>(d));
     for (int64_t i = 0; i < r1 - r0; ++i) {
       auto at = [&](int64_t s) { return (unit * splits + s) * tile_rows + i; };

@@ -34,12 +34,12 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern) {
   // Tasks of one head are adjacent, so the threads share that head's K and V in cache; within a
   // head the last query tiles come first, as with a causal mask they see the most keys and should
   // not be the ones left running at the end.
+  const int64_t bm = block_rows(d);
   std::vector<Task> tasks;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t sq = span_of(p, b).sq;
     for (int64_t h = 0; h < p.heads_q; ++h)
-      for (int64_t r0 = (ceil_div(sq, kBlockM) - 1) * kBlockM; r0 >= 0; r0 -= kBlockM)
-        tasks.push_back({b, h, r0, std::min(sq, r0 + kBlockM)});
+      for (int64_t r0 = (ceil_div(sq, bm) - 1) * bm; r0 >= 0; r0 -= bm) tasks.push_back({b, h, r0, std::min(sq, r0 + bm)});
   }
 
   const int workers = workers_for(int64_t(tasks.size()), p.num_threads);

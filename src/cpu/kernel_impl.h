@@ -110,12 +110,12 @@ void scores_dispatch(int mr, int nv, const typename V::T* k, int64_t ldk, const 
 }
 
 template <class V>
-void scores(const typename V::T* k, int64_t ldk, int64_t nk, const typename V::T* qt, int64_t d, int64_t mpad,
-            typename V::T* st) {
+void scores(const typename V::T* k, int64_t ldk, int64_t nk, const typename V::T* qt, int64_t d, int64_t rows,
+            int64_t mpad, typename V::T* st) {
   constexpr int MR = V::kScoreKeys, NV = V::kScoreVecs, W = V::W;
   // Query panels outside: a panel of Q^T (d x NV*W) stays in L1 while the key rows stream.
-  for (int64_t i0 = 0; i0 < mpad; i0 += NV * W) {
-    int nv = int(min_i64(NV, (mpad - i0) / W));
+  for (int64_t i0 = 0; i0 < rows; i0 += NV * W) {
+    int nv = int(min_i64(NV, (rows - i0) / W));
     for (int64_t j = 0; j < nk; j += MR) {
       int mr = int(min_i64(MR, nk - j));
       scores_dispatch<V, MR, NV>(mr, nv, k + j * ldk, ldk, qt + i0, d, mpad, st + j * mpad + i0);
@@ -168,12 +168,12 @@ void accumulate_dispatch(int mr, int nv, const typename V::T* vt, int64_t ldv, i
 }
 
 template <class V>
-void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename V::T* pt, int64_t mpad, int64_t d,
-                const typename V::T* f, typename V::T* ot) {
+void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename V::T* pt, int64_t rows,
+                int64_t mpad, int64_t d, const typename V::T* f, typename V::T* ot) {
   constexpr int MR = V::kAccDims, NV = V::kAccVecs, W = V::W;
   // Query panels outside: the panel of P^T (nk x NV*W) stays in L1 while the head dimension walks.
-  for (int64_t i0 = 0; i0 < mpad; i0 += NV * W) {
-    int nv = int(min_i64(NV, (mpad - i0) / W));
+  for (int64_t i0 = 0; i0 < rows; i0 += NV * W) {
+    int nv = int(min_i64(NV, (rows - i0) / W));
     for (int64_t x0 = 0; x0 < d; x0 += MR) {
       int mr = int(min_i64(MR, d - x0));
       accumulate_dispatch<V, MR, NV>(mr, nv, vt + x0, ldv, nk, pt + i0, mpad, f + i0, ot + x0 * mpad + i0);
@@ -186,11 +186,11 @@ void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename
 // The running max m stays in score units; exponents are formed as (s - base) * c, the difference
 // first, so a score of 1e4 keeps the precision of its distance to the max.
 template <class V>
-void softmax(typename V::T* st, int64_t nk, int64_t mpad, typename V::T c, typename V::T* m, typename V::T* l,
-             typename V::T* f) {
+void softmax(typename V::T* st, int64_t nk, int64_t rows, int64_t mpad, typename V::T c, typename V::T* m,
+             typename V::T* l, typename V::T* f) {
   using reg = typename V::reg;
   const reg cv = V::set1(c);
-  for (int64_t i = 0; i < mpad; i += V::W) {
+  for (int64_t i = 0; i < rows; i += V::W) {
     reg m_old = V::load(m + i);
     reg m_new = m_old;
     for (int64_t j = 0; j < nk; ++j) m_new = V::max(V::load(st + j * mpad + i), m_new);

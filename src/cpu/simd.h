@@ -11,7 +11,9 @@
 //   OT  [d][mpad]   the unnormalized output o~, transposed
 //   m, l, f [mpad]  running max (score units), running sum, and the last rescale factor per row
 //
-// mpad is the row count rounded up to `row_align`; padded rows are computed and ignored.
+// mpad is the row count rounded up to `row_align`; padded rows are computed and ignored. Each
+// kernel works on `rows` columns (a multiple of row_align) starting where its pointers point, so a
+// key tile that only some rows can see is computed for those rows alone.
 //
 // Level selection: the best level the CPU supports (__builtin_cpu_supports, once), capped by the
 // environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512 when it is set (read at each call,
@@ -30,16 +32,19 @@ template <class T>
 struct TileKernels {
   KernelLevel level;
   int64_t row_align;  // mpad must be a multiple of this (the vector width)
-  // ST[j][i] = sum_x K[j][x] * QT[x][i] for j < nk, i < mpad; K rows are ldk apart.
-  void (*scores)(const T* k, int64_t ldk, int64_t nk, const T* qt, int64_t d, int64_t mpad, T* st);
+  // ST[j][i] = sum_x K[j][x] * QT[x][i] for j < nk, i < rows; K rows are ldk apart, QT and ST
+  // rows mpad apart.
+  void (*scores)(const T* k, int64_t ldk, int64_t nk, const T* qt, int64_t d, int64_t rows, int64_t mpad, T* st);
   // x = cap * tanh(x) for n values (softcap; x holds the already divided score).
   void (*softcap)(T* x, int64_t n, T cap);
   // One online-softmax step over an (already masked) score tile: new max, rescale factor f, P~ in
   // place of the scores, l = f * l + rowsum(P~). The rules of core::SoftmaxState, with m kept in
   // score units and the exp2-domain exponent formed as (s - base) * c.
-  void (*softmax)(T* st, int64_t nk, int64_t mpad, T c, T* m, T* l, T* f);
-  // OT[x][i] = f[i] * OT[x][i] + sum_j V[j][x] * PT[j][i]; V rows are ldv apart.
-  void (*accumulate)(const T* v, int64_t ldv, int64_t nk, const T* pt, int64_t mpad, int64_t d, const T* f, T* ot);
+  void (*softmax)(T* st, int64_t nk, int64_t rows, int64_t mpad, T c, T* m, T* l, T* f);
+  // OT[x][i] = f[i] * OT[x][i] + sum_j V[j][x] * PT[j][i] for i < rows; V rows are ldv apart, PT
+  // and OT rows mpad apart.
+  void (*accumulate)(const T* v, int64_t ldv, int64_t nk, const T* pt, int64_t rows, int64_t mpad, int64_t d,
+                     const T* f, T* ot);
   // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
   void (*widen)(const void* src, DType t, T* dst, int64_t n);
 };

@@ -111,7 +111,8 @@ std::string describe(const Shape& s) {
 }
 
 // Masks, sizes and layouts every dtype must get right. Sizes are awkward on purpose: not multiples
-// of the 96-row or 64-key tiles, seqlen_q != seqlen_k both ways, and single rows.
+// of the query tile (48 to 384 rows) or of the 64-key tile, seqlen_q != seqlen_k both ways, and
+// single rows.
 std::vector<Shape> coverage_shapes(DType t) {
   std::vector<Shape> v;
   auto add = [&](Shape s) {
@@ -135,6 +136,9 @@ std::vector<Shape> coverage_shapes(DType t) {
   add({.sq = 70, .sk = 65, .d = 40, .pad = 3});
   add({.sq = 33, .sk = 47, .d = 256, .with_lse = false});
   add({.sq = 64, .sk = 64, .hq = 4, .hkv = 1, .d = 128, .causal = true, .softcap = 20.f});
+  // Several query tiles (192 rows at d = 256, 384 at d = 32).
+  add({.sq = 450, .sk = 420, .hq = 1, .d = 256, .causal = true});
+  add({.sq = 800, .sk = 790, .hq = 1, .d = 32, .wl = 100, .wr = 30});
   return v;
 }
 
