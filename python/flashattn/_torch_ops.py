@@ -150,15 +150,49 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 # ---- KV cache -----------------------------------------------------------------------------------
 # Two operators, so that only the appending one declares that it writes the caches (a declared
 # mutation makes torch.compile treat the caches as written, which is only true when appending).
+#
+# On the GPU every step runs from a plan (the library's plan_decode: host validation, which reads
+# the lengths and block table, and the split count), made for the longest lengths the cache can
+# hold, as FlashAttention sizes its splits by the cache capacity. The latest plan of each problem
+# shape is kept: a step captured in a CUDA graph cannot read device memory on the host, so it runs
+# the plan that its warm-up (the eager call that torch.cuda.graph asks for) made, and the graph
+# stays valid as the lengths grow. Inside a capture the indices are therefore not checked on the
+# host; the kernels guard them (an invalid length or page id gives NaN rows, never a stray access).
+
+_plans = {}
+
+
+def _plan_key(q, k_cache, k, block_table, num_splits):
+    return (q.device.index, q.dtype, tuple(q.shape), tuple(k_cache.shape),
+            None if block_table is None else tuple(block_table.shape), k is not None, num_splits)
+
 
 def _decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
             window_right, softcap, num_splits):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_decode_lse_shape(q), dtype=_lse_dtype(q.dtype), device=q.device)
-    _C.decode(_view(q, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"), _opt(block_table, "block_table"),
-              _view(cache_seqlens, "cache_seqlens"), _opt(k, "k"), _opt(v, "v"), _view(out, "out"), _view(lse, "lse"),
-              num_splits=num_splits, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
-              window_right=window_right, softcap=softcap, **_launch(q))
+    args = (_view(q, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"), _opt(block_table, "block_table"),
+            _view(cache_seqlens, "cache_seqlens"), _opt(k, "k"), _opt(v, "v"), _view(out, "out"), _view(lse, "lse"))
+    opts = dict(num_splits=num_splits, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                window_right=window_right, softcap=softcap, **_launch(q))
+    if q.device.type != "cuda":
+        _C.decode(*args, **opts)
+        return out, lse
+    key = _plan_key(q, k_cache, k, block_table, num_splits)
+    if torch.cuda.is_current_stream_capturing():
+        plan = _plans.get(key)
+        if plan is None:
+            raise RuntimeError("flash_attn_with_kvcache: capturing a step of shape q "
+                               f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)} needs an eager call with the same "
+                               "shapes first (the warm-up that torch.cuda.graph asks for), which plans it on the host")
+    else:
+        room = (k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+                - (q.shape[1] if k is not None else 0))
+        # A cache too small for the new tokens (room < 0) is reported by the length checks.
+        plan = _C.plan_decode(*args, **opts, max_cache_seqlen=max(room, 0))
+        _plans[key] = plan
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
+    _C.decode(*args, **opts, plan=plan, workspace=workspace.data_ptr())
     return out, lse
 
 

@@ -170,10 +170,11 @@ void backward(const View& dout, const View& q, const View& k, const View& v, con
   flashattn::backward(a);
 }
 
-void decode(const View& q, const View& k_cache, const View& v_cache, const View* block_table,
-            const View& cache_seqlens, const View* k_new, const View* v_new, const View& out, const View* lse,
-            int num_splits, float softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-            float softcap, int num_threads, uintptr_t stream) {
+flashattn::DecodeArgs decode_args(const View& q, const View& k_cache, const View& v_cache, const View* block_table,
+                                  const View& cache_seqlens, const View* k_new, const View* v_new, const View& out,
+                                  const View* lse, int num_splits, float softmax_scale, bool causal,
+                                  int64_t window_left, int64_t window_right, float softcap, int num_threads,
+                                  uintptr_t stream) {
   flashattn::DecodeArgs a;
   a.q = q.t;
   a.k_cache = k_cache.t;
@@ -186,8 +187,36 @@ void decode(const View& q, const View& k_cache, const View& v_cache, const View*
   a.lse = opt(lse);
   a.num_splits = num_splits;
   a.options = options(softmax_scale, causal, window_left, window_right, softcap, num_threads, stream);
+  return a;
+}
+
+// Without a plan: validate on the host (reading the lengths and block table), plan, run. With one
+// (from plan_decode, and a workspace of plan.workspace_bytes): nothing is read back to the host, so
+// the step can be captured in a CUDA graph.
+void decode(const View& q, const View& k_cache, const View& v_cache, const View* block_table,
+            const View& cache_seqlens, const View* k_new, const View* v_new, const View& out, const View* lse,
+            int num_splits, float softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+            float softcap, int num_threads, uintptr_t stream, const flashattn::DecodePlan* plan, uintptr_t workspace) {
+  flashattn::DecodeArgs a = decode_args(q, k_cache, v_cache, block_table, cache_seqlens, k_new, v_new, out, lse,
+                                        num_splits, softmax_scale, causal, window_left, window_right, softcap,
+                                        num_threads, stream);
   nb::gil_scoped_release release;
-  flashattn::decode(a);
+  if (plan)
+    flashattn::decode(a, *plan, reinterpret_cast<void*>(workspace));
+  else
+    flashattn::decode(a);
+}
+
+flashattn::DecodePlan plan_decode(const View& q, const View& k_cache, const View& v_cache, const View* block_table,
+                                  const View& cache_seqlens, const View* k_new, const View* v_new, const View& out,
+                                  const View* lse, int num_splits, float softmax_scale, bool causal,
+                                  int64_t window_left, int64_t window_right, float softcap, int num_threads,
+                                  uintptr_t stream, int64_t max_cache_seqlen) {
+  flashattn::DecodeArgs a = decode_args(q, k_cache, v_cache, block_table, cache_seqlens, k_new, v_new, out, lse,
+                                        num_splits, softmax_scale, causal, window_left, window_right, softcap,
+                                        num_threads, stream);
+  nb::gil_scoped_release release;
+  return flashattn::plan_decode(a, max_cache_seqlen);
 }
 
 void merge_states(const View& o_parts, const View& lse_parts, const View& out, const View* lse, int num_threads,
@@ -259,9 +288,17 @@ NB_MODULE(_C, m) {
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "softmax_scale"_a, "causal"_a, "window_left"_a,
         "window_right"_a, "softcap"_a, "deterministic"_a, "num_threads"_a, "stream"_a);
+  nb::class_<flashattn::DecodePlan>(m, "DecodePlan")
+      .def_ro("max_cache_seqlen", &flashattn::DecodePlan::max_cache_seqlen)
+      .def_ro("num_splits", &flashattn::DecodePlan::num_splits)
+      .def_ro("workspace_bytes", &flashattn::DecodePlan::workspace_bytes);
   m.def("decode", &decode, "q"_a, "k_cache"_a, "v_cache"_a, "block_table"_a.none(), "cache_seqlens"_a,
         "k_new"_a.none(), "v_new"_a.none(), "out"_a, "lse"_a.none(), "num_splits"_a, "softmax_scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a, "softcap"_a, "num_threads"_a, "stream"_a);
+        "window_left"_a, "window_right"_a, "softcap"_a, "num_threads"_a, "stream"_a, "plan"_a.none() = nb::none(),
+        "workspace"_a = 0);
+  m.def("plan_decode", &plan_decode, "q"_a, "k_cache"_a, "v_cache"_a, "block_table"_a.none(), "cache_seqlens"_a,
+        "k_new"_a.none(), "v_new"_a.none(), "out"_a, "lse"_a.none(), "num_splits"_a, "softmax_scale"_a, "causal"_a,
+        "window_left"_a, "window_right"_a, "softcap"_a, "num_threads"_a, "stream"_a, "max_cache_seqlen"_a);
   m.def("merge_states", &merge_states, "o_parts"_a, "lse_parts"_a, "out"_a, "lse"_a.none(), "num_threads"_a,
         "stream"_a);
   m.def("build_info", &build_info,

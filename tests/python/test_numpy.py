@@ -168,6 +168,36 @@ def test_kvcache_matches_reference(paged, append):
     assert changed.sum() == (b * s_new if append else 0)
 
 
+def test_planned_decode_through_the_binding():
+    # The plan path (what CUDA-graph capture runs on the GPU) through the same binding, on host
+    # arrays: a plan for longer lengths than now runs the same step, and a plan made for another
+    # problem shape is refused.
+    from flashattn._arrays import view
+    q, kc, vc = randn(2, 1, 4, 64), randn(2, 40, 2, 64), randn(2, 40, 2, 64)
+    lens = np.array([7, 30], dtype=np.int32)
+    out, lse = np.empty_like(q), np.empty((2, 4, 1), dtype=np.float32)
+    args = [view(q, "q"), view(kc, "k_cache"), view(vc, "v_cache"), None, view(lens, "cache_seqlens"), None, None,
+            view(out, "out", writable=True), view(lse, "lse", writable=True)]
+    opts = dict(num_splits=0, softmax_scale=0.0, causal=True, window_left=-1, window_right=-1, softcap=0.0,
+                num_threads=0, stream=0)
+    plan = _C.plan_decode(*args, **opts, max_cache_seqlen=40)
+    assert plan.max_cache_seqlen == 40
+    _C.decode(*args, **opts, plan=plan)
+    ref, _ = attention(q[1:], kc[1:, :30], vc[1:, :30], causal=True)
+    assert max_err(out[1:], ref) < 1e-5
+    planned = out.copy()
+    _C.decode(*args, **opts)
+    np.testing.assert_array_equal(out, planned)
+    with pytest.raises(ValueError, match=r"max_cache_seqlen.*must be 0"):
+        _C.plan_decode(*args, **opts, max_cache_seqlen=41)
+    q3 = randn(3, 1, 4, 64)
+    args3 = [view(q3, "q"), view(randn(3, 40, 2, 64), "k_cache"), view(randn(3, 40, 2, 64), "v_cache"), None,
+             view(np.array([1, 2, 3], dtype=np.int32), "cache_seqlens"), None, None,
+             view(np.empty_like(q3), "out", writable=True), None]
+    with pytest.raises(ValueError, match=r"argument 'plan': was made for batch 2, but the arguments have 3"):
+        _C.decode(*args3, **opts, plan=plan)
+
+
 def test_kvcache_int_seqlens_and_whole_cache():
     q, kc, vc = randn(2, 1, 2, 32), randn(2, 24, 2, 32), randn(2, 24, 2, 32)
     whole = flashattn.flash_attn_with_kvcache(q, kc, vc)
