@@ -69,7 +69,7 @@ def measure(d, causal, s, tokens, hidden, modes, methods):
                 else:
                     out = calls[name]()
                     g = torch.randn_like(out)
-                    ms = do_bench(lambda: out.backward(g, retain_graph=True), warmup=25, rep=200,
+                    ms = do_bench(lambda out=out, g=g: out.backward(g, retain_graph=True), warmup=25, rep=200,
                                   return_mode="median", grad_to_none=[q, k, v, q_s, k_s, v_s])
                     del out, g
                 row.update(ms=ms, tflops=flops(b, h, s, d, causal, mode) / ms / 1e9)

@@ -55,8 +55,8 @@ def varlen_attention(q, k, v, cu_q, cu_k, dtype=np.float64, **opts):
     lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=dtype)
     for b in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-        o, l = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dtype=dtype, **opts)
-        out[q0:q1], lse[:, q0:q1] = o[0], l[0]
+        o, row_lse = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dtype=dtype, **opts)
+        out[q0:q1], lse[:, q0:q1] = o[0], row_lse[0]
     return out, lse
 
 
@@ -76,4 +76,5 @@ def max_err(a, b):
 def assert_rule(kernel, ref64, plain, dtype_name, factor=2.0, what="out"):
     err, base = max_err(kernel, ref64), max_err(plain, ref64)
     bound = factor * base + ATOL[dtype_name]
-    assert err <= bound, f"{what}: max error {err:.3g} exceeds {factor} x plain error {base:.3g} + atol {ATOL[dtype_name]}"
+    assert err <= bound, (f"{what}: max error {err:.3g} exceeds {factor} x plain error {base:.3g} "
+                          f"+ atol {ATOL[dtype_name]}")

@@ -96,7 +96,8 @@ def test_float32_gradients_within_the_rule_and_deterministic():
         return [x.grad.double() for x in xs]
 
     def standard(q, k, v):  # autograd through plain attention, in the inputs' precision
-        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(2, 1), v.transpose(1, 2).repeat_interleave(2, 1)
+        qh = q.transpose(1, 2)
+        kh, vh = (x.transpose(1, 2).repeat_interleave(2, 1) for x in (k, v))
         s = (qh @ kh.transpose(-1, -2)) / 8
         s = s.masked_fill(torch.ones(70, 90, dtype=torch.bool).triu(90 - 70 + 1), float("-inf"))
         return (torch.softmax(s, -1) @ vh).transpose(1, 2)
