@@ -29,6 +29,9 @@ def view(x, name, writable=False):
         if code is None:
             raise ValueError(f"{name}: NumPy dtype {x.dtype} is not supported "
                              "(float16, bfloat16 through ml_dtypes, float32, float64; int32 for indices)")
+        if not x.dtype.isnative:
+            raise ValueError(f"{name}: byte order {x.dtype.byteorder!r} is not this machine's "
+                             "(convert with x.astype(x.dtype.newbyteorder('=')))")
         if writable and not x.flags.writeable:
             raise ValueError(f"{name}: the array is read-only, but flashattn writes into it")
         item = x.dtype.itemsize

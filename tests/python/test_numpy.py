@@ -267,6 +267,8 @@ def test_bad_inputs():
     q = randn(1, 4, 2, 32)
     with pytest.raises(ValueError, match=r"NumPy dtype int64 is not supported"):
         flashattn.flash_attn_func(q.astype(np.int64), q, q)
+    with pytest.raises(ValueError, match=r"q: byte order '>' is not this machine's"):
+        flashattn.flash_attn_func(q.astype(">f4"), q, q)
     with pytest.raises(TypeError, match=r"expected a torch tensor, a NumPy array or a DLPack producer, got list"):
         flashattn.flash_attn_func(q.tolist(), q, q)
     cu = np.array([0, 4], dtype=np.int32)
