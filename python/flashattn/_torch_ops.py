@@ -162,9 +162,11 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 _plans = {}
 
 
-def _plan_key(q, k_cache, k, block_table, num_splits):
+def _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits):
+    # What the plan's shape check and split choice depend on (the masks bound the keys a split sees).
     return (q.device.index, q.dtype, tuple(q.shape), tuple(k_cache.shape),
-            None if block_table is None else tuple(block_table.shape), k is not None, num_splits)
+            None if block_table is None else tuple(block_table.shape), k is not None, causal, window_left,
+            window_right, num_splits)
 
 
 def _decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
@@ -178,7 +180,7 @@ def _decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
     if q.device.type != "cuda":
         _C.decode(*args, **opts)
         return out, lse
-    key = _plan_key(q, k_cache, k, block_table, num_splits)
+    key = _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits)
     if torch.cuda.is_current_stream_capturing():
         plan = _plans.get(key)
         if plan is None:
