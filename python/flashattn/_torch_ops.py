@@ -5,6 +5,7 @@ through it without graph breaks; fwd has an autograd formula that calls bwd. The
 implementations pass raw pointers, shapes and strides to the extension (no torch below this
 file), CPU tensors to the CPU engine, CUDA tensors to the GPU kernels on the current stream.
 """
+import atexit
 from typing import Optional
 
 import torch
@@ -151,15 +152,20 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 # Two operators, so that only the appending one declares that it writes the caches (a declared
 # mutation makes torch.compile treat the caches as written, which is only true when appending).
 #
-# On the GPU every step runs from a plan (the library's plan_decode: host validation, which reads
-# the lengths and block table, and the split count), made for the longest lengths the cache can
+# Every step runs from a plan (the library's plan_decode: host validation, which reads the lengths
+# and block table, and on the GPU the split count), made for the longest lengths the cache can
 # hold, as FlashAttention sizes its splits by the cache capacity. The latest plan of each problem
 # shape is kept: a step captured in a CUDA graph cannot read device memory on the host, so it runs
 # the plan that its warm-up (the eager call that torch.cuda.graph asks for) made, and the graph
 # stays valid as the lengths grow. Inside a capture the indices are therefore not checked on the
 # host; the kernels guard them (an invalid length or page id gives NaN rows, never a stray access).
+# CPU steps take the same path (the library checks their indices again on the host, cheaply), so
+# the CPU tests cover it.
 
 _plans = {}
+# torch's operator registry keeps this module alive past the extension's teardown at exit; the plans
+# (extension objects) are dropped before that, so that nanobind finds nothing left over.
+atexit.register(_plans.clear)
 
 
 def _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits):
@@ -177,11 +183,8 @@ def _decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
             _view(cache_seqlens, "cache_seqlens"), _opt(k, "k"), _opt(v, "v"), _view(out, "out"), _view(lse, "lse"))
     opts = dict(num_splits=num_splits, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
                 window_right=window_right, softcap=softcap, **_launch(q))
-    if q.device.type != "cuda":
-        _C.decode(*args, **opts)
-        return out, lse
     key = _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits)
-    if torch.cuda.is_current_stream_capturing():
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         plan = _plans.get(key)
         if plan is None:
             raise RuntimeError("flash_attn_with_kvcache: capturing a step of shape q "
