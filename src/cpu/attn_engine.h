@@ -31,10 +31,9 @@ namespace flashattn::cpu {
 // bound: the more rows share a packed tile, the smaller that share of the time. The bound is L2:
 // Q^T and O~^T together stay near 384 KiB (384 rows at d = 128). A multiple of every level's
 // micro-tile width (24, 48), so full tiles need no remainder kernels.
-inline constexpr int64_t kMaxBlockM = 384;
 inline int64_t block_rows(int64_t head_dim) {
   int64_t rows = (49152 / head_dim) / 48 * 48;
-  return rows < 48 ? 48 : (rows > kMaxBlockM ? kMaxBlockM : rows);
+  return rows < 48 ? 48 : (rows > kMaxTileRows ? kMaxTileRows : rows);
 }
 // Keys per tile: a panel of the score tile (64 keys x one micro-tile of rows) stays in L1 in P V.
 inline constexpr int64_t kBlockN = 64;
@@ -81,8 +80,8 @@ struct Workspace {
   int64_t d, ld, block_m;
   AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [kBlockN][mpad]
   AlignedArray<T> kt, vt;      // the current key / value tile, [kBlockN][ld]
-  alignas(64) T m[kMaxBlockM], l[kMaxBlockM], f[kMaxBlockM];
-  int64_t lo[kMaxBlockM], hi[kMaxBlockM];  // visible keys [lo, hi) of each row
+  alignas(64) T m[kMaxTileRows], l[kMaxTileRows], f[kMaxTileRows];
+  int64_t lo[kMaxTileRows], hi[kMaxTileRows];  // visible keys [lo, hi) of each row
   int64_t rows = 0, mpad = 0;
 };
 

@@ -184,28 +184,36 @@ void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename
 // ---- online softmax over a tile ----------------------------------------------------------------
 // Column i of ST holds the scores of query row i: the update of core::SoftmaxState, W rows at once.
 // The running max m stays in score units; exponents are formed as (s - base) * c, the difference
-// first, so a score of 1e4 keeps the precision of its distance to the max.
+// first, so a score of 1e4 keeps the precision of its distance to the max. Both passes walk ST
+// row by row (sequential memory), keeping the per-row state in the small m, l, f arrays.
 template <class V>
 void softmax(typename V::T* st, int64_t nk, int64_t rows, int64_t mpad, typename V::T c, typename V::T* m,
              typename V::T* l, typename V::T* f) {
+  using T = typename V::T;
   using reg = typename V::reg;
   const reg cv = V::set1(c);
+  // Pass 1: the tile's new running max, gathered in f.
+  for (int64_t i = 0; i < rows; i += V::W) V::store(f + i, V::load(m + i));
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t i = 0; i < rows; i += V::W) V::store(f + i, V::max(V::load(st + j * mpad + i), V::load(f + i)));
+  // Per row: the rescale factor of the old state (rescale_factor(m_old, m_new)), applied to l.
+  T base[kMaxTileRows];
   for (int64_t i = 0; i < rows; i += V::W) {
-    reg m_old = V::load(m + i);
-    reg m_new = m_old;
-    for (int64_t j = 0; j < nk; ++j) m_new = V::max(V::load(st + j * mpad + i), m_new);
-    reg base = V::exponent_base(m_new);                   // 0 while the row has seen only -inf
-    reg factor = V::exp2(V::mul(V::sub(m_old, base), cv));  // rescale_factor(m_old, m_new)
-    reg sum = V::zero();
-    for (int64_t j = 0; j < nk; ++j) {
-      reg p = V::exp2(V::mul(V::sub(V::load(st + j * mpad + i), base), cv));
-      V::store(st + j * mpad + i, p);
-      sum = V::add(sum, p);
-    }
-    V::store(l + i, V::fma(V::load(l + i), factor, sum));
+    reg m_new = V::load(f + i);
+    reg b = V::exponent_base(m_new);  // 0 while the row has seen only -inf
+    reg factor = V::exp2(V::mul(V::sub(V::load(m + i), b), cv));
+    V::store(base + i, b);
     V::store(m + i, m_new);
     V::store(f + i, factor);
+    V::store(l + i, V::mul(V::load(l + i), factor));
   }
+  // Pass 2: P~ in place of the scores, and its row sums added to l.
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t i = 0; i < rows; i += V::W) {
+      reg p = V::exp2(V::mul(V::sub(V::load(st + j * mpad + i), V::load(base + i)), cv));
+      V::store(st + j * mpad + i, p);
+      V::store(l + i, V::add(V::load(l + i), p));
+    }
 }
 
 // n is a multiple of W (a whole score tile, nk * mpad).

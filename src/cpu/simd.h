@@ -28,6 +28,9 @@ namespace flashattn::cpu {
 
 enum class KernelLevel : int { portable = 0, avx2 = 1, avx512 = 2 };
 
+// The most query rows (mpad) a tile kernel is handed.
+inline constexpr int64_t kMaxTileRows = 384;
+
 template <class T>
 struct TileKernels {
   KernelLevel level;
