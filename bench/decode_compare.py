@@ -137,6 +137,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", default="build/libflashattn.so")
     p.add_argument("--pages", default="0,16,256", help="cache layouts: 0 = contiguous, else tokens per page")
+    p.add_argument("--rows", default=",".join(f"{b}x{kv}" for b, kv in ROWS), help="BATCHxKV,... (default: the anchors)")
+    p.add_argument("--no-sdpa", action="store_true", help="ours only (e.g. under a profiler)")
     p.add_argument("--json")
     a = p.parse_args()
     lib = C.CDLL(a.lib)
@@ -146,14 +148,15 @@ def main():
                                             C.POINTER(C.c_int64)]
     lib.flashattn_last_error.restype = C.c_char_p
     pages = [int(x) for x in a.pages.split(",") if x]
+    rows = [tuple(int(v) for v in r.split("x")) for r in a.rows.split(",") if r]
     hq, hk, d = 32, 8, 128
-    copy = copy_gbps()
+    copy = 0.0 if a.no_sdpa else copy_gbps()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "copy_GBps_rw": copy, "hq": hq, "hk": hk, "d": d, "rows": []}
     print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)")
     print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits':>6} | {'run':>6} {'graph':>6} | {'cudnn':>6} {'fa2':>6} |"
           f" {'graph/cudnn':>11} {'graph/copy':>10} | max|ours-sdpa|")
-    for b, kv in ROWS:
+    for b, kv in rows:
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, kv, hk, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
@@ -163,7 +166,7 @@ def main():
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         sdpa = {}
         ref = None
-        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+        for name, backend in () if a.no_sdpa else (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             try:
                 with sdpa_kernel(backend):
                     fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)

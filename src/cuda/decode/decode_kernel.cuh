@@ -10,9 +10,10 @@
 //   * memory: K and V tiles are separate "half-tiles" in one ring of cp.async slots (a K half
 //     feeds S = Q K^T, the next V half feeds O += P V), so a ring of any depth fits the shared
 //     memory budget even at head dim 256, and kSlots - 1 half-tiles are always in flight;
-//   * paging: each row of a half-tile is found through the block table when issued (pages of any
-//     size, scattered); keys past the cached length come straight from k_new/v_new (the CTA that
-//     appends them to the cache runs concurrently), so appending needs no separate pass;
+//   * paging: each tile's 64 key rows are found through the block table once, into a row table
+//     in shared memory that the K and V copies read (pages of any size, scattered); keys past the
+//     cached length come straight from k_new/v_new (the CTA that appends them to the cache runs
+//     concurrently), so appending needs no separate pass;
 //   * guards: the run path trusts no index. A length outside [0, plan max] or past the capacity,
 //     or a page id outside [0, num_pages), is never dereferenced; the CTA records a fault in the
 //     workspace and writes NaN rows (or a poisoned partial that the merge turns into NaN).
@@ -72,12 +73,18 @@ struct DecodeTraits {
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kLoopSmem = (kTileQ + kSlots * kTileKV) * int(sizeof(Element));
+  // Row tables (a K and a V pointer per key row) of the tiles in flight: the first
+  // ceil(kSlots / 2) tiles are issued by the prologue, and a table is rewritten two steps after
+  // its last reader at the earliest, so that many slots (and at least two) suffice.
+  static constexpr int kFirstTiles = (kSlots + 1) / 2;
+  static constexpr int kRowSlots = kFirstTiles > 2 ? kFirstTiles : 2;
+  static constexpr int kRowTableBytes = kRowSlots * kBlockN * 2 * int(sizeof(void*));
   // The cross-warp merge reuses the same memory: o of every (warp column, row) with a row stride
   // of d + 4 floats (rows then start 4 banks apart: the fragment stores are conflict-free), then m
   // and l.
   static constexpr int kRedStride = kHeadDim + 4;
   static constexpr int kReduceSmem = (kWarpsN * kBlockM * kRedStride + 2 * kWarpsN * kBlockM) * 4;
-  static constexpr int kSmemBytes = kLoopSmem > kReduceSmem ? kLoopSmem : kReduceSmem;
+  static constexpr int kSmemBytes = (kLoopSmem > kReduceSmem ? kLoopSmem : kReduceSmem) + kRowTableBytes;
   static_assert(kSlots >= 2, "the ring needs one half-tile in flight while another is consumed");
   static_assert(kWarpKeys % 16 == 0, "P V takes k16 steps within a warp's keys");
   static_assert(kBlockN % kRowsPerPass == 0, "every pass loads whole rows");
@@ -197,56 +204,94 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       ptx::thread_cp_async_16(sQ + Sw::offset(row, ch), src, valid);
     }
 
-    // Half-tile j: K (even j) or V (odd j) of key tile n_begin + j / 2, into ring slot j % kSlots.
+    // Where each key row of a tile comes from, worked out once per tile by threads 0..63 (one row
+    // each) into a small ring of row tables, then read by every copy of that tile's K and V
+    // halves: a copy costs one shared load and the cp.async, instead of per-row key, page and
+    // stride arithmetic. (ncu on an H200, bf16 d=128 GQA 32/8, b=8 kv=32k: computing each row's
+    // source at copy time kept the kernel issue-bound at 51% of DRAM bandwidth, 443 us; with the
+    // row tables it reads at 90%, 249 us.) A paged row's block-table
+    // entry is read a step before its row is written (fetch_id / store_rows), so the load's
+    // latency hides behind that step's work. Rows past the keys, or on a bad page, are nullptr.
+    struct RowSrc {
+      const E* k;
+      const E* v;
+    };
+    RowSrc* s_rows = reinterpret_cast<RowSrc*>(smem_raw + T::kLoopSmem);
+    const int ntiles = int(n_end - n_begin), halves = 2 * ntiles;
+    const E* k_head = k_cache + hk * p.kc_head;
+    const E* v_head = v_cache + hk * p.vc_head;
+    auto fetch_id = [&](int m) -> int32_t {
+      const int64_t key = (n_begin + m) * T::kBlockN + tid;
+      if (!p.paged || key >= len) return 0;
+      return table[int64_t(uint32_t(key) / uint32_t(p.page_size)) * p.block_table_col_stride];
+    };
+    auto store_rows = [&](int m, int32_t id) {
+      const int64_t key = (n_begin + m) * T::kBlockN + tid;
+      RowSrc r{nullptr, nullptr};
+      if (key < keys && key >= len) {  // an appended token: straight from k_new / v_new
+        r.k = static_cast<const E*>(p.k_new) + p.knew_s.offset(b, key - len, hk);
+        r.v = static_cast<const E*>(p.v_new) + p.vnew_s.offset(b, key - len, hk);
+      } else if (key < keys) {
+        const int64_t page = p.paged ? int64_t(id) : b;
+        const int64_t slot = p.paged ? int64_t(uint32_t(key) % uint32_t(p.page_size)) : key;
+        if (page >= 0 && page < p.num_pages) {
+          r.k = k_head + page * p.kc_page + slot * p.kc_row;
+          r.v = v_head + page * p.vc_page + slot * p.vc_row;
+        } else {
+          fault = true;
+        }
+      }
+      s_rows[(m % T::kRowSlots) * T::kBlockN + tid] = r;
+    };
+
+    // Half-tile j: K (even j) or V (odd j) of tile j / 2, into ring slot j % kSlots. Threads keep
+    // one chunk column and walk rows; head dims 96 and 192 leave the padding columns idle.
     const int ch = tid % T::kChunkSlots, row0 = tid / T::kChunkSlots;
-    auto load_half = [&](int64_t j) {
+    auto load_half = [&](int j) {
       if (ch >= T::kChunks) return;
-      const bool is_v = (j & 1) != 0;
-      const int64_t key0 = (n_begin + j / 2) * T::kBlockN;
-      E* dst = sKV + int(j % T::kSlots) * T::kTileKV;
-      const E* cache = is_v ? v_cache : k_cache;
-      const E* cache_head = cache + hk * (is_v ? p.vc_head : p.kc_head);
-      const E* fresh = static_cast<const E*>(is_v ? p.v_new : p.k_new);
-      const int64_t s_page = is_v ? p.vc_page : p.kc_page, s_row = is_v ? p.vc_row : p.kc_row;
-      const core::Strides& s_new = is_v ? p.vnew_s : p.knew_s;
-      // Four rows' block-table lookups in flight at a time: a full unroll (16 rows at d = 256)
-      // spilled registers next to the 128 of O.
+      const RowSrc* rows = s_rows + ((j >> 1) % T::kRowSlots) * T::kBlockN;
+      const E* const* column = (j & 1) ? &rows[0].v : &rows[0].k;  // this half's pointer of each row
+      E* dst = sKV + (j % T::kSlots) * T::kTileKV;
+      // Partly unrolled: a full unroll (16 rows at d = 256) keeps every row's pointer live at once
+      // and spills next to the registers of O.
 #pragma unroll 4
       for (int pass = 0; pass < T::kPasses; ++pass) {
         const int row = row0 + pass * T::kRowsPerPass;
-        const int64_t key = key0 + row;
-        const E* src = nullptr;
-        if (key < keys) {
-          if (key >= len) {
-            src = fresh + s_new.offset(b, key - len, hk);
-          } else {
-            int64_t page, slot;
-            if (cache_slot(p, table, b, key, page, slot))
-              src = cache_head + page * s_page + slot * s_row;
-            else
-              fault = true;
-          }
-        }
+        const E* src = column[2 * row];
         const bool valid = src != nullptr && ch < chunks_valid;
-        ptx::thread_cp_async_16(dst + Sw::offset(row, ch), valid ? src + 8 * ch : cache, valid);
+        ptx::thread_cp_async_16(dst + Sw::offset(row, ch), valid ? src + 8 * ch : k_cache, valid);
       }
     };
-    const int64_t halves = 2 * (n_end - n_begin);
-    // Prologue: Q joins the first group; every slot's group is committed (empty past the end), so
-    // "at most kSlots - 2 groups pending" always means "half-tile j has landed".
+    // Prologue: the row tables of the tiles the first halves need (their latency paid once), then
+    // Q and those halves. Every slot's group is committed (empty past the end), so "at most
+    // kSlots - 2 groups pending" always means "half-tile j has landed".
+    if (tid < T::kBlockN)
+      for (int m = 0; m < min(T::kFirstTiles, ntiles); ++m) store_rows(m, fetch_id(m));
+    __syncthreads();
 #pragma unroll 1
     for (int s = 0; s < T::kSlots - 1; ++s) {
       if (s < halves) load_half(s);
       ptx::thread_cp_async_commit();
     }
     // Before consuming half-tile j: it has landed for every thread, every warp is done with j - 1,
-    // and that slot is refilled with half-tile j + kSlots - 1.
-    auto begin_half = [&](int64_t j) {
+    // and that slot is refilled with half-tile j + kSlots - 1. When the half issued at the next
+    // step (j + kSlots) starts a tile, its block-table entries are read now and its row table is
+    // written at the next step, before the barrier that publishes it.
+    int pending_tile = -1;
+    int32_t pending_id = 0;
+    auto begin_half = [&](int j) {
       ptx::thread_cp_async_wait<T::kSlots - 2>();
+      if (pending_tile >= 0) store_rows(pending_tile, pending_id);
+      pending_tile = -1;
       __syncthreads();
       if (j + T::kSlots - 1 < halves) load_half(j + T::kSlots - 1);
       ptx::thread_cp_async_commit();
-      return sKV + int(j % T::kSlots) * T::kTileKV;
+      const int next = j + T::kSlots;
+      if ((next & 1) == 0 && next < halves && tid < T::kBlockN) {
+        pending_tile = next >> 1;
+        pending_id = fetch_id(pending_tile);
+      }
+      return sKV + (j % T::kSlots) * T::kTileKV;
     };
 
     const int mi = lane >> 3;
@@ -257,7 +302,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     uint32_t p_frag[T::kWarpKeys / 16][4];
 
     for (int64_t n = n_begin; n < n_end; ++n) {
-      const int64_t j = 2 * (n - n_begin);
+      const int j = 2 * int(n - n_begin);
       const E* sK = begin_half(j);
       if constexpr (T::kQInRegs) {
         if (j == 0) {
