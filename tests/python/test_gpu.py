@@ -28,8 +28,9 @@ def or_skip_unsupported(fn, *args, **kwargs):
         pytest.skip(f"library: {e}")
 
 
-def standard(q, k, v, causal=False, window=(-1, -1), softcap=0.0, dtype=None):
-    """Standard attention over [b, s, h, d] in `dtype` (default: the inputs'), masks bottom-right."""
+def standard(q, k, v, causal=False, window=(-1, -1), softcap=0.0, dtype=None, with_lse=False):
+    """Standard attention over [b, s, h, d] in `dtype` (default: the inputs'), masks bottom-right;
+    with_lse adds the logsumexp of the masked scores, [b, h, s]."""
     dtype = dtype or q.dtype
     q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
     g = q.shape[1] // k.shape[1]
@@ -48,8 +49,9 @@ def standard(q, k, v, causal=False, window=(-1, -1), softcap=0.0, dtype=None):
         hidden |= j < i - left
     if right >= 0:
         hidden |= j > i + right
-    p = torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1).nan_to_num(0.0)  # empty rows give 0
-    return (p @ v).transpose(1, 2)
+    s = s.masked_fill(hidden, float("-inf"))
+    out = (torch.softmax(s, dim=-1).nan_to_num(0.0) @ v).transpose(1, 2)  # empty rows give 0
+    return (out, torch.logsumexp(s, dim=-1)) if with_lse else out
 
 
 def err(a, b):
@@ -116,6 +118,23 @@ def test_backward(dtype, d, opts, deterministic):
                                                               deterministic=True), (q, k, v), dout)
         for name, a, b in zip("qkv", ours, again):
             assert torch.equal(a, b), f"d{name} differs between two deterministic runs"
+
+
+def test_backward_through_lse():
+    # The lse output is differentiable too: loss = <out, dout> + <lse, dlse>.
+    dtype = torch.bfloat16
+    q = torch.randn(2, 200, 8, 128, device=DEV, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(2, 260, 2, 128, device=DEV, dtype=dtype, requires_grad=True) for _ in range(2))
+    dout, dlse = torch.randn_like(q), torch.randn(2, 8, 200, device=DEV)
+
+    def grads(out, lse):
+        return torch.autograd.grad((out.float() * dout.float()).sum() + (lse.float() * dlse).sum(), (q, k, v))
+
+    ours = or_skip_unsupported(grads, *flashattn.flash_attn_func(q, k, v, causal=True, return_lse=True))
+    ref64 = grads(*standard(q, k, v, causal=True, dtype=torch.float64, with_lse=True))
+    plain = grads(*standard(q, k, v, causal=True, with_lse=True))
+    for name, a, r, p in zip("qkv", ours, ref64, plain):
+        assert_rule(a, r, p, dtype, factor=3.0, what=f"d{name}")
 
 
 def paged_kv(b, pages_per_seq, page, hk, d, dtype):
