@@ -130,7 +130,7 @@ std::vector<Shape> coverage_shapes(DType t) {
   add({.sq = 97, .sk = 129, .softcap = 5.f, .scale = 1.f});
   add({.sq = 100, .sk = 90, .hq = 8, .hkv = 2, .d = 32, .causal = true});
   add({.sq = 1, .sk = 1});
-  add({.sq = 0, .sk = 10, .with_lse = false});  // nothing to do
+  add({.sq = 0, .sk = 10});  // nothing to do
   add({.sq = 5, .sk = 0});   // rows that see no key
   add({.sq = 1, .sk = 257, .hq = 4, .hkv = 4});
   add({.sq = 70, .sk = 65, .d = 40, .pad = 3});
