@@ -156,6 +156,16 @@ void load_keys(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, int64_
   }
 }
 
+// The usual key source of attend_tiles: packs each key tile into the workspace from the rows that
+// key_rows(t) points to, and returns the packed K and V rows (stride ws.ld).
+template <class T, class KeyRows>
+auto packed_per_tile(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, const KeyRows& key_rows) {
+  return [&ws, &kern, dtype, &key_rows](int64_t k0, int64_t nk) {
+    load_keys(ws, kern, dtype, k0, nk, key_rows);
+    return std::pair<const T*, const T*>(ws.kt.get(), ws.vt.get());
+  };
+}
+
 // Sets the scores of keys a row may not see to -inf (boundary tiles only), for rows [i0, i1).
 template <class T>
 void apply_mask(Workspace<T>& ws, int64_t k0, int64_t nk, int64_t i0, int64_t i1) {
@@ -173,12 +183,13 @@ inline int64_t tile_keys(int64_t seqlen_k, int64_t n) {
 }
 
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
-// tile; `range` says which of them need the element-wise mask. On a tile that only some rows can
+// tile; `range` says which of them need the element-wise mask; tiles(k0, nk) returns the packed K
+// and V rows (stride ws.ld) of keys [k0, k0 + nk). On a tile that only some rows can
 // see (the diagonal of a causal mask, the edges of a window) the products and the softmax run on
 // those rows alone, rounded out to whole vectors: the others would take P = 0 and f = 1.
-template <class T, class KeyRows>
+template <class T, class KeyTiles>
 void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const core::TileRange& range,
-                  int64_t n_begin, int64_t n_end, const KeyRows& key_rows) {
+                  int64_t n_begin, int64_t n_end, const KeyTiles& tiles) {
   const int64_t d = ws.d, mpad = ws.mpad, align = kern.row_align;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int64_t k0 = n * kBlockN, nk = tile_keys(cfg.mask.seqlen_k, n);
@@ -194,14 +205,14 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
       i0 = i0 / align * align;
     }
     const int64_t rows = i1 - i0;
-    load_keys(ws, kern, cfg.dtype, k0, nk, key_rows);
+    const auto [kt, vt] = tiles(k0, nk);
     T* st = ws.st.get() + i0;
-    kern.scores(ws.kt.get(), ws.ld, nk, ws.qt.get() + i0, d, rows, mpad, st);
+    kern.scores(kt, ws.ld, nk, ws.qt.get() + i0, d, rows, mpad, st);
     if (cfg.softcap != T(0))
       for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
     kern.softmax(st, nk, rows, mpad, cfg.exp2_scale, ws.m + i0, ws.l + i0, ws.f + i0);
-    kern.accumulate(ws.vt.get(), ws.ld, nk, st, rows, mpad, d, ws.f + i0, ws.ot.get() + i0);
+    kern.accumulate(vt, ws.ld, nk, st, rows, mpad, d, ws.f + i0, ws.ot.get() + i0);
   }
 }
 

@@ -112,9 +112,10 @@ void attend(const Cache& c, const TileKernels<T>& kern) {
     const int64_t per_split = ceil_div(tr.n_end - tr.n_begin, splits);
     const int64_t n_begin = std::min(tr.n_end, tr.n_begin + split * per_split);
     const int64_t n_end = std::min(tr.n_end, n_begin + per_split);
-    attend_tiles(ws, kern, cfg, tr, n_begin, n_end, [&](int64_t key) {
+    auto key_rows = [&](int64_t key) {
       return std::pair<const void*, const void*>(c.k_row(b, key, hk), c.v_row(b, key, hk));
-    });
+    };
+    attend_tiles(ws, kern, cfg, tr, n_begin, n_end, packed_per_tile(ws, kern, p.dtype, key_rows));
 
     for (int64_t i = 0; i < ws.rows; ++i) {
       if (splits > 1) {
