@@ -24,48 +24,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-F16, BF16, F32, I32 = 0, 1, 2, 4
-CUDA = 1
+from flashattn_abi import BF16, I32, DecodeArgs, DecodePlan, load, view
+
 ROWS = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 4096))
-
-
-class Tensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int32), ("device", C.c_int32), ("device_index", C.c_int32),
-                ("rank", C.c_int32), ("shape", C.c_int64 * 4), ("stride", C.c_int64 * 4)]
-
-
-class Options(C.Structure):
-    _fields_ = [("softmax_scale", C.c_float), ("causal", C.c_int32), ("window_left", C.c_int64),
-                ("window_right", C.c_int64), ("softcap", C.c_float), ("num_threads", C.c_int32),
-                ("stream", C.c_void_p)]
-
-
-class DecodeArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32)] + [(n, Tensor) for n in (
-        "q", "k_cache", "v_cache", "block_table", "cache_seqlens", "k_new", "v_new", "out", "lse")] + [
-        ("num_splits", C.c_int32), ("options", Options)]
-
-
-class DecodePlan(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32), ("device", C.c_int32), ("device_index", C.c_int32),
-                ("dtype", C.c_int32)] + [(n, C.c_int64) for n in (
-                    "batch", "seqlen_new", "heads_q", "heads_kv", "head_dim")] + [
-        ("paged", C.c_int32), ("append", C.c_int32)] + [(n, C.c_int64) for n in (
-            "num_pages", "page_size", "max_pages_per_seq", "max_cache_seqlen")] + [
-        ("num_splits", C.c_int32), ("workspace_bytes", C.c_int64)]
-
-
-def view(t, dtype_code):
-    v = Tensor()
-    v.data = t.data_ptr()
-    v.dtype = dtype_code
-    v.device = CUDA
-    v.device_index = t.device.index or 0
-    v.rank = t.dim()
-    for i in range(t.dim()):
-        v.shape[i] = t.shape[i]
-        v.stride[i] = t.stride(i)
-    return v
 
 
 def median_ms(fn):
@@ -141,12 +102,7 @@ def main():
     p.add_argument("--no-sdpa", action="store_true", help="ours only (e.g. under a profiler)")
     p.add_argument("--json")
     a = p.parse_args()
-    lib = C.CDLL(a.lib)
-    lib.flashattn_plan_decode.argtypes = [C.POINTER(DecodeArgs), C.c_int64, C.POINTER(DecodePlan)]
-    lib.flashattn_decode_run.argtypes = [C.POINTER(DecodeArgs), C.POINTER(DecodePlan), C.c_void_p]
-    lib.flashattn_decode_status.argtypes = [C.POINTER(DecodePlan), C.c_void_p, C.c_void_p, C.POINTER(C.c_uint32),
-                                            C.POINTER(C.c_int64)]
-    lib.flashattn_last_error.restype = C.c_char_p
+    lib = load(a.lib)
     pages = [int(x) for x in a.pages.split(",") if x]
     rows = [tuple(int(v) for v in r.split("x")) for r in a.rows.split(",") if r]
     hq, hk, d = 32, 8, 128

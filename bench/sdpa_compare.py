@@ -21,42 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-BF16, CUDA = 1, 1
-
-
-class Tensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int32), ("device", C.c_int32), ("device_index", C.c_int32),
-                ("rank", C.c_int32), ("shape", C.c_int64 * 4), ("stride", C.c_int64 * 4)]
-
-
-class Options(C.Structure):
-    _fields_ = [("softmax_scale", C.c_float), ("causal", C.c_int32), ("window_left", C.c_int64),
-                ("window_right", C.c_int64), ("softcap", C.c_float), ("num_threads", C.c_int32),
-                ("stream", C.c_void_p)]
-
-
-class ForwardArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32)] + [(n, Tensor) for n in
-                ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")] + [("options", Options)]
-
-
-class BackwardArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32)] + [(n, Tensor) for n in
-                ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "cu_seqlens_q", "cu_seqlens_k")] + [
-                    ("options", Options), ("deterministic", C.c_int32)]
-
-
-def view(t, dtype_code):
-    v = Tensor()
-    v.data = t.data_ptr()
-    v.dtype = dtype_code
-    v.device = CUDA
-    v.device_index = t.device.index or 0
-    v.rank = t.dim()
-    for i in range(t.dim()):
-        v.shape[i] = t.shape[i]
-        v.stride[i] = t.stride(i)
-    return v
+from flashattn_abi import BF16, F32, BackwardArgs, ForwardArgs, load, view
 
 
 def median_ms(fn):
@@ -73,11 +38,8 @@ def main():
     p.add_argument("--modes", default="fwd", help="fwd or fwd,bwd")
     p.add_argument("--json")
     a = p.parse_args()
-    lib = C.CDLL(a.lib)
-    lib.flashattn_forward.argtypes = [C.POINTER(ForwardArgs)]
-    lib.flashattn_backward.argtypes = [C.POINTER(BackwardArgs)]
+    lib = load(a.lib)
     bwd = "bwd" in a.modes.split(",")
-    lib.flashattn_last_error.restype = C.c_char_p
     ints = lambda s: [int(x) for x in s.split(",") if x]
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
@@ -93,7 +55,7 @@ def main():
                 args = ForwardArgs()
                 args.struct_size = C.sizeof(ForwardArgs)
                 args.q, args.k, args.v, args.out = view(q, BF16), view(k, BF16), view(v, BF16), view(out, BF16)
-                args.lse = view(lse, 2)
+                args.lse = view(lse, F32)
                 args.options.causal = causal
                 args.options.window_left = args.options.window_right = -1
                 args.options.stream = torch.cuda.current_stream().cuda_stream
@@ -114,7 +76,7 @@ def main():
                     bargs = BackwardArgs()
                     bargs.struct_size = C.sizeof(BackwardArgs)
                     for name, t, code in (("dout", g, BF16), ("q", q, BF16), ("k", k, BF16), ("v", v, BF16),
-                                          ("out", out, BF16), ("lse", lse, 2), ("dq", dq, BF16), ("dk", dk, BF16),
+                                          ("out", out, BF16), ("lse", lse, F32), ("dq", dq, BF16), ("dk", dk, BF16),
                                           ("dv", dv, BF16)):
                         setattr(bargs, name, view(t, code))
                     bargs.options = args.options
