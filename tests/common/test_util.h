@@ -112,6 +112,13 @@ inline HostTensor int_tensor(const std::vector<int32_t>& values) {
   return t;
 }
 
+// cu_seqlens of a varlen batch (0, then running sums) from its sequence lengths.
+inline std::vector<int32_t> cu_seqlens_of(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> cu{0};
+  for (int32_t l : lengths) cu.push_back(cu.back() + l);
+  return cu;
+}
+
 // Max |a - b|, where a NaN on either side (but not both) counts as infinite error.
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double m = 0;

@@ -35,12 +35,6 @@ std::string describe(const Case& c) {
   return s.str();
 }
 
-std::vector<int32_t> prefix(const std::vector<int32_t>& lens) {
-  std::vector<int32_t> cu{0};
-  for (int32_t l : lens) cu.push_back(cu.back() + l);
-  return cu;
-}
-
 // Host and device copies of one backward problem; `run` executes forward + backward on the GPU.
 struct Problem {
   Case c;
@@ -52,7 +46,7 @@ struct Problem {
     const bool varlen = !c.varlen_q.empty();
     std::vector<int64_t> qs, ks, ls;
     if (varlen) {
-      auto cq = prefix(c.varlen_q), ck = prefix(c.varlen_k);
+      auto cq = cu_seqlens_of(c.varlen_q), ck = cu_seqlens_of(c.varlen_k);
       qs = {cq.back(), c.heads_q, c.head_dim};
       ks = {ck.back(), c.heads_kv, c.head_dim};
       ls = {c.heads_q, cq.back()};

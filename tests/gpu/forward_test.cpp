@@ -32,12 +32,6 @@ std::string describe(const Case& c) {
   return s.str();
 }
 
-std::vector<int32_t> prefix(const std::vector<int32_t>& lens) {
-  std::vector<int32_t> cu{0};
-  for (int32_t l : lens) cu.push_back(cu.back() + l);
-  return cu;
-}
-
 // Runs one case on the GPU and checks out and lse against the reference.
 void check_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(describe(c));
@@ -46,8 +40,8 @@ void check_case(const Case& c, uint32_t seed) {
   std::vector<int32_t> cu_q, cu_k;
   std::vector<int64_t> qs, ks, lse_shape;
   if (varlen) {
-    cu_q = prefix(c.varlen_q);
-    cu_k = prefix(c.varlen_k);
+    cu_q = cu_seqlens_of(c.varlen_q);
+    cu_k = cu_seqlens_of(c.varlen_k);
     qs = {cu_q.back(), c.heads_q, c.head_dim};
     ks = {cu_k.back(), c.heads_kv, c.head_dim};
     lse_shape = {c.heads_q, cu_q.back()};
