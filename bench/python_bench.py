@@ -15,14 +15,20 @@ which materializes the score matrix; it runs out of memory at long sequences, re
 
   python3 bench/python_bench.py                                  # full sweep, fwd and bwd, CSV + charts
   python3 bench/python_bench.py --d 128 --s 2048,8192 --modes fwd
-  python3 bench/python_bench.py --plot-only bench/results/python_bench/results.csv
+  python3 bench/python_bench.py --plot-only bench/results/python_bench/results.csv --label "NVIDIA H200, ..."
+
+--label goes into every chart's title (the GPU, the date, the commit measured); without it a
+measuring run writes the GPU's name and the torch version there.
 """
 import argparse
 import csv
 import os
+import time
 
 METHODS = ["ours", "fa2", "cudnn", "eff", "math"]
 COLORS = {"ours": "#d62728", "fa2": "#1f77b4", "cudnn": "#2ca02c", "eff": "#9467bd", "math": "#7f7f7f"}
+LABELS = {"ours": "flashattn (ours)", "fa2": "SDPA FLASH_ATTENTION (FA2)", "cudnn": "SDPA CUDNN_ATTENTION",
+          "eff": "SDPA EFFICIENT_ATTENTION", "math": "SDPA MATH (standard attention)"}
 FIELDS = ["d", "causal", "seqlen", "batch", "heads", "method", "mode", "ms", "tflops", "max_abs_diff_vs_sdpa",
           "error"]
 
@@ -32,7 +38,7 @@ def flops(b, h, s, d, causal, mode):
     return f * (2.5 if mode == "bwd" else 1.0)
 
 
-def measure(d, causal, s, tokens, hidden, modes, methods):
+def measure(d, causal, s, tokens, hidden, modes, methods, warmup=25, rep=200):
     """Rows (dicts of FIELDS) for one shape: every method, forward and (optionally) backward."""
     import torch
     import torch.nn.functional as F
@@ -65,11 +71,11 @@ def measure(d, causal, s, tokens, hidden, modes, methods):
                 if mode == "fwd":
                     with torch.no_grad():
                         outputs[name] = calls[name]()
-                        ms = do_bench(calls[name], warmup=25, rep=200, return_mode="median")
+                        ms = do_bench(calls[name], warmup=warmup, rep=rep, return_mode="median")
                 else:
                     out = calls[name]()
                     g = torch.randn_like(out)
-                    ms = do_bench(lambda out=out, g=g: out.backward(g, retain_graph=True), warmup=25, rep=200,
+                    ms = do_bench(lambda out=out, g=g: out.backward(g, retain_graph=True), warmup=warmup, rep=rep,
                                   return_mode="median", grad_to_none=[q, k, v, q_s, k_s, v_s])
                     del out, g
                 row.update(ms=ms, tflops=flops(b, h, s, d, causal, mode) / ms / 1e9)
@@ -86,8 +92,9 @@ def measure(d, causal, s, tokens, hidden, modes, methods):
     return rows
 
 
-def plot(rows, out_dir):
-    """One PNG per (mode, causal): a panel per head dim, grouped bars of TFLOP/s per seqlen."""
+def plot(rows, out_dir, label=""):
+    """One PNG per (mode, causal): a panel per head dim, grouped bars of TFLOP/s per seqlen; `label`
+    (the GPU, date, commit) is the title's second line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,19 +118,31 @@ def plot(rows, out_dir):
                     vals = {int(r["seqlen"]): float(r["tflops"]) for r in here if r["method"] == m}
                     xs = [j + (i - (len(methods) - 1) / 2) * width for j, s in enumerate(seqlens) if s in vals]
                     ys = [vals[s] for s in seqlens if s in vals]
-                    bars = ax.bar(xs, ys, width, label=m, color=COLORS[m])
+                    bars = ax.bar(xs, ys, width, label=LABELS[m], color=COLORS[m])
                     ax.bar_label(bars, fmt="%.0f", fontsize=6, rotation=90, padding=2)
+                    failed = {int(r["seqlen"]) for r in rows if r.get("error") and r["method"] == m
+                              and r["mode"] == mode and int(r["causal"]) == causal and int(r["d"]) == d}
+                    for j, s in enumerate(seqlens):  # a point that did not run (out of memory, unsupported)
+                        if s in failed:
+                            ax.text(j + (i - (len(methods) - 1) / 2) * width, 2, "n/a", rotation=90, fontsize=6,
+                                    ha="center", va="bottom", color=COLORS[m])
                 ax.set_xticks(range(len(seqlens)), [f"{s // 1024}k" if s >= 1024 else str(s) for s in seqlens])
                 ax.set_xlabel("sequence length")
                 ax.set_ylabel("TFLOP/s")
                 ax.set_title(f"head dim {d}")
                 ax.set_ylim(0, max(float(r["tflops"]) for r in here) * 1.2)
-            axes[0][0].legend(loc="upper left", fontsize=8)
+            # One legend for the figure, under the panels, so it hides no bar.
+            handles = {}
+            for ax in axes[0]:
+                for h, lab in zip(*ax.get_legend_handles_labels()):
+                    handles.setdefault(lab, h)
+            fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=9,
+                       frameon=False)
             what = "forward" if mode == "fwd" else "backward"
             fig.suptitle(f"Attention {what}, {'causal' if causal else 'not causal'}, bf16, "
                          f"{int(sel[0]['batch']) * int(sel[0]['seqlen'])} tokens, hidden "
-                         f"{int(sel[0]['heads']) * int(sel[0]['d'])}")
-            fig.tight_layout()
+                         f"{int(sel[0]['heads']) * int(sel[0]['d'])}" + (f"\n{label}" if label else ""))
+            fig.tight_layout(rect=(0, 0.06, 1, 1))
             path = os.path.join(out_dir, f"{mode}_{'causal' if causal else 'noncausal'}.png")
             fig.savefig(path, dpi=120)
             plt.close(fig)
@@ -140,6 +159,9 @@ def main():
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--modes", default="fwd,bwd")
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=float, default=200, help="do_bench measuring time per point, ms")
+    p.add_argument("--label", help="second line of every chart title (default: GPU name and torch version)")
     p.add_argument("--out-dir", default="bench/results/python_bench")
     p.add_argument("--plot-only", metavar="CSV", help="draw the charts of an earlier run's CSV; needs no GPU")
     a = p.parse_args()
@@ -158,7 +180,10 @@ def main():
         if unknown:
             p.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
         print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}  "
-              f"flashattn {flashattn.__version__}")
+              f"flashattn {flashattn.__version__}  {flashattn.build_info()['cuda_kernels']}")
+        if a.label is None:
+            a.label = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+        start = time.time()
         rows = []
         csv_path = os.path.join(a.out_dir, "results.csv")
         with open(csv_path, "w", newline="") as f:
@@ -167,7 +192,8 @@ def main():
             for d in ints(a.d):
                 for causal in ints(a.causal):
                     for s in ints(a.s):
-                        shape_rows = measure(d, bool(causal), s, a.tokens, a.hidden, modes, methods)
+                        shape_rows = measure(d, bool(causal), s, a.tokens, a.hidden, modes, methods, a.warmup,
+                                             a.rep)
                         writer.writerows(shape_rows)
                         f.flush()
                         rows += shape_rows
@@ -176,9 +202,13 @@ def main():
                             for r in (r for r in shape_rows if r["mode"] == mode):
                                 cells.append(f"{r['method']} {r['tflops']:5.0f}" if "tflops" in r
                                              else f"{r['method']}     -")
-                            print(f"d={d:3d} causal={causal} s={s:5d} {mode} | " + "  ".join(cells), flush=True)
+                            print(f"d={d:3d} causal={causal} s={s:5d} {mode} | " + "  ".join(cells)
+                                  + f"  [{time.time() - start:.0f} s]", flush=True)
+                        for r in shape_rows:
+                            if r.get("error"):
+                                print(f"  {r['method']} {r['mode']}: {r['error']}", flush=True)
         print(f"wrote {csv_path}")
-    for path in plot(rows, a.out_dir):
+    for path in plot(rows, a.out_dir, a.label or ""):
         print(f"wrote {path}")
 
 
