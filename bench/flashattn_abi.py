@@ -70,4 +70,5 @@ def load(path):
     lib.flashattn_decode_status.argtypes = [C.POINTER(DecodePlan), C.c_void_p, C.c_void_p, C.POINTER(C.c_uint32),
                                             C.POINTER(C.c_int64)]
     lib.flashattn_last_error.restype = C.c_char_p
+    lib.flashattn_last_gpu_kernel.restype = C.c_char_p
     return lib

@@ -69,6 +69,7 @@ def main():
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
                 row = {"d": d, "causal": bool(causal), "s": s, "b": b, "h": h}
                 row["ours"] = flops / median_ms(ours) / 1e9
+                row["kernel"] = lib.flashattn_last_gpu_kernel().decode()
                 if bwd:
                     ours()
                     g = torch.randn_like(q)
@@ -110,7 +111,7 @@ def main():
                 f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
                 r = lambda num, key: f"{row[num] / row[key]:5.2f}" if key in row and num in row else "    -"
                 line = (f"{d:4d} {causal:6d} {s:6d} | {f('ours')} {f('fa2')} {f('cudnn')} | {r('ours', 'fa2')} "
-                        f"{r('ours', 'cudnn'):>6} | {row['max_abs_diff_vs_sdpa']:.3g}")
+                        f"{r('ours', 'cudnn'):>6} | {row['max_abs_diff_vs_sdpa']:.3g} {row['kernel'].split(' hdim')[0]}")
                 if bwd:
                     line += (f" || {f('ours_bwd')} {f('ours_bwd_det')} {f('fa2_bwd')} {f('cudnn_bwd')} | "
                              f"{r('ours_bwd', 'fa2_bwd')} {r('ours_bwd', 'cudnn_bwd'):>6} {r('ours_bwd_det', 'ours_bwd'):>8}")

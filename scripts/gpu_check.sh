@@ -2,8 +2,9 @@
 # One call on a GPU machine: build, GPU tests against the fp64 reference, compute-sanitizer on a
 # reduced set, and the side-by-side benchmark. Logs go to $OUT (the device tool brings them back).
 #   scripts/gpu_check.sh [build|test|sanitize|bench]...   (default: all four, in that order)
-# Environment: ARCHS (default 90a), HDIMS, BENCH_ARGS (passed to bench/sdpa_compare.py),
-# SAN_FILTER (gtest filter for the sanitizer pass).
+# Environment: ARCHS (default 90a), HDIMS, DTYPES, TEST_FILTER (gtest filter of the test step),
+# BENCH_ARGS (passed to bench/sdpa_compare.py), SAN_FILTER (gtest filter for the sanitizer pass),
+# SAN_TOOLS (default "memcheck racecheck"; synccheck checks barrier use).
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT"
@@ -16,16 +17,16 @@ for step in "${steps[@]}"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
       cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_ARCHS="${ARCHS:-90a}" \
-        ${HDIMS:+-DFLASHATTN_HDIMS="$HDIMS"} -DFLASHATTN_BUILD_TOOLS=OFF > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
+        ${HDIMS:+-DFLASHATTN_HDIMS="$HDIMS"} ${DTYPES:+-DFLASHATTN_DTYPES="$DTYPES"} -DFLASHATTN_BUILD_TOOLS=OFF > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
       cmake --build $BUILD -j16 --target flashattn flashattn_gpu_tests > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
       grep -E "spill" "$OUT/build.log" | sort | uniq -c | head -20
       ;;
     test)
-      ./$BUILD/tests/flashattn_gpu_tests > "$OUT/gpu_tests.log" 2>&1 || status=1
+      ./$BUILD/tests/flashattn_gpu_tests ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} > "$OUT/gpu_tests.log" 2>&1 || status=1
       grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|exceeds|tests ran" "$OUT/gpu_tests.log" | head -40
       ;;
     sanitize)
-      for tool in memcheck racecheck; do
+      for tool in ${SAN_TOOLS:-memcheck racecheck}; do
         compute-sanitizer --tool $tool --error-exitcode 9 ./$BUILD/tests/flashattn_gpu_tests \
           --gtest_filter="${SAN_FILTER:-Ptx.*:GpuForward.StridesOddHeadDimsAndNoLse:GpuForward.VarlenWithEmptySequences}" \
           > "$OUT/sanitize_$tool.log" 2>&1 || status=1

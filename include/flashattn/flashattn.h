@@ -121,6 +121,9 @@ FLASHATTN_API int flashattn_decode_status(const flashattn_decode_plan* plan, con
 /* This thread's last error message ("" after a success). Valid until the next call on this thread. */
 FLASHATTN_API const char* flashattn_last_error(void);
 FLASHATTN_API const char* flashattn_version(void);
+/* The GPU forward or backward kernel that ran last on this thread, e.g. "fwd hopper hdim128 bf16
+ * sm90a" ("" before the first GPU call). Valid until the next call on this thread. */
+FLASHATTN_API const char* flashattn_last_gpu_kernel(void);
 
 #ifdef __cplusplus
 }

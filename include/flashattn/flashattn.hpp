@@ -212,4 +212,9 @@ struct BuildInfo {
 };
 BuildInfo build_info();
 
+// The GPU forward or backward kernel that ran last on the calling thread, e.g. "fwd hopper hdim128
+// bf16 sm90a" or "fwd portable hdim96 f16 sm80" (empty before the first GPU call): which path a
+// problem took.
+std::string last_gpu_kernel();
+
 }  // namespace flashattn

@@ -186,6 +186,8 @@ void merge_states(const MergeArgs& a) {
     cpu::merge_states(p);
 }
 
+std::string last_gpu_kernel() { return cuda::last_kernel(); }
+
 BuildInfo build_info() {
   BuildInfo info;
   info.version = FLASHATTN_VERSION_STRING;

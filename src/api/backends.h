@@ -22,6 +22,7 @@ bool compiled();
 int device_count();
 std::string device_names();
 std::string kernels();  // the forward/backward/decode kernels compiled in, one per line
+std::string last_kernel();  // the forward/backward kernel that ran last on the calling thread
 // Synchronous copy of user-owned index arrays (cu_seqlens, cache lengths, block tables) to the
 // host, so validation can check them before any kernel trusts them.
 void copy_to_host(void* dst, const void* src, int64_t bytes, int device_index);

@@ -255,4 +255,10 @@ const char* flashattn_last_error(void) { return g_last_error.c_str(); }
 
 const char* flashattn_version(void) { return FLASHATTN_VERSION_STRING; }
 
+const char* flashattn_last_gpu_kernel(void) {
+  static thread_local std::string name;
+  name = flashattn::last_gpu_kernel();
+  return name.c_str();
+}
+
 }  // extern "C"

@@ -14,6 +14,7 @@ bool compiled() { return false; }
 int device_count() { return 0; }
 std::string device_names() { return ""; }
 std::string kernels() { return ""; }
+std::string last_kernel() { return ""; }
 void copy_to_host(void*, const void*, int64_t, int) { absent("validation"); }
 void forward(const core::ForwardParams&, int) { absent("forward"); }
 void backward(const core::BackwardParams&, int) { absent("backward"); }

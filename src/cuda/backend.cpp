@@ -88,6 +88,8 @@ std::string device_names() {
 
 std::string kernels() { return variant_list() + ", " + decode_variant_list(); }
 
+std::string last_kernel() { return last_kernel_name(); }
+
 void copy_to_host(void* dst, const void* src, int64_t bytes, int device_index) {
   DeviceGuard guard(device_index);
   check_device_pointer(src, "validation", "index array", device_index);

@@ -1,10 +1,18 @@
-// Run-time choice of a kernel variant: the dtype must match, the head dim is rounded up to the
-// smallest compiled kernel head dim (its extra columns are zero-filled on load and never written),
-// and the target arch is the device's own family when compiled (sm_90a SASS on Hopper), else the
-// sm80 build (its SASS on sm8x, its PTX JIT-compiled elsewhere).
+// Run-time choice of a kernel variant.
+//   * Forward on Hopper (compute capability 9.0): the sm90a TMA + wgmma path when it was compiled
+//     for this exact head dim and dtype, the output rows are 16-byte aligned (its epilogue stores
+//     16 bytes per thread) and the driver accepts the tensors' TMA maps; otherwise the portable
+//     path. FLASHATTN_GPU_FORWARD=portable forces the portable path (tests run both).
+//   * Portable path: the dtype must match, the head dim is rounded up to the smallest compiled
+//     kernel head dim (its extra columns are zero-filled on load and never written), and the
+//     target arch is the device's own family when compiled (sm_90a SASS on Hopper), else the sm80
+//     build (its SASS on sm8x, its PTX JIT-compiled elsewhere).
+// The kernel that ran last on this thread is kept for `flashattn bench` and tests to report.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/backward.h"
@@ -26,23 +34,63 @@ struct Variant {
   void (*run)(const Params&, cudaStream_t);
 };
 
-// kernel_list.inc holds FLASHATTN_FWD_PORTABLE / FLASHATTN_BWD_PORTABLE entries; each table keeps
-// its own kind. The trailing entry keeps a table non-empty in any build.
+struct HopperVariant {
+  int head_dim;
+  DType dtype;
+  bool (*run)(const core::ForwardParams&, cudaStream_t);
+};
+
+// kernel_list.inc holds FLASHATTN_FWD_PORTABLE / FLASHATTN_BWD_PORTABLE / FLASHATTN_FWD_HOPPER
+// entries; each table keeps its own kind. The trailing entry keeps a table non-empty in any build.
 #define FLASHATTN_FWD_PORTABLE(H, DT, A) Variant<core::ForwardParams>{H, DType::DT, A, &run_forward_portable<H, elem_##DT, A>},
 #define FLASHATTN_BWD_PORTABLE(H, DT, A)
+#define FLASHATTN_FWD_HOPPER(H, DT)
 constexpr Variant<core::ForwardParams> kForward[] = {
 #include "flashattn_internal/kernel_list.inc"
     Variant<core::ForwardParams>{0, DType::f32, 0, nullptr}};
 #undef FLASHATTN_FWD_PORTABLE
 #undef FLASHATTN_BWD_PORTABLE
+#undef FLASHATTN_FWD_HOPPER
 
 #define FLASHATTN_FWD_PORTABLE(H, DT, A)
 #define FLASHATTN_BWD_PORTABLE(H, DT, A) Variant<core::BackwardParams>{H, DType::DT, A, &run_backward_portable<H, elem_##DT, A>},
+#define FLASHATTN_FWD_HOPPER(H, DT)
 constexpr Variant<core::BackwardParams> kBackward[] = {
 #include "flashattn_internal/kernel_list.inc"
     Variant<core::BackwardParams>{0, DType::f32, 0, nullptr}};
 #undef FLASHATTN_FWD_PORTABLE
 #undef FLASHATTN_BWD_PORTABLE
+#undef FLASHATTN_FWD_HOPPER
+
+#define FLASHATTN_FWD_PORTABLE(H, DT, A)
+#define FLASHATTN_BWD_PORTABLE(H, DT, A)
+#define FLASHATTN_FWD_HOPPER(H, DT) HopperVariant{H, DType::DT, &run_forward_hopper<H, elem_##DT, 90>},
+constexpr HopperVariant kHopperForward[] = {
+#include "flashattn_internal/kernel_list.inc"
+    HopperVariant{0, DType::f32, nullptr}};
+#undef FLASHATTN_FWD_PORTABLE
+#undef FLASHATTN_BWD_PORTABLE
+#undef FLASHATTN_FWD_HOPPER
+
+thread_local std::string last_kernel;
+
+std::string variant_name(const char* kind, const char* path, int head_dim, DType dtype, int arch) {
+  return std::string(kind) + " " + path + " hdim" + std::to_string(head_dim) + " " + dtype_name(dtype) + " sm" +
+         std::to_string(arch) + (arch == 90 ? "a" : "");
+}
+
+// The Hopper variant for p, or null when p must take the portable path.
+const HopperVariant* hopper_variant(const core::ForwardParams& p, int cc) {
+  if (cc != 90) return nullptr;
+  const char* force = std::getenv("FLASHATTN_GPU_FORWARD");
+  if (force != nullptr && std::strcmp(force, "portable") == 0) return nullptr;
+  const bool out_rows_16b = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_s.batch % 8 == 0 &&
+                            p.o_s.row % 8 == 0 && p.o_s.head % 8 == 0;
+  if (!out_rows_16b) return nullptr;
+  for (const HopperVariant& v : kHopperForward)
+    if (v.run != nullptr && v.head_dim == p.head_dim && v.dtype == p.dtype) return &v;
+  return nullptr;
+}
 
 // Can a binary built for `arch` run on a device of compute capability `cc`?
 bool runs_on(int arch, int cc) {
@@ -65,6 +113,7 @@ void pick_and_run(const Variant<Params> (&table)[N], const char* op, const Param
                                          std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
                                          " in this build (compiled: " + variant_list() + ")");
   best->run(p, stream);
+  last_kernel = variant_name(op[0] == 'f' ? "fwd" : "bwd", "portable", best->head_dim, best->dtype, best->arch);
 }
 
 template <class Params, size_t N>
@@ -72,14 +121,17 @@ void describe(const Variant<Params> (&table)[N], const char* kind, std::string& 
   for (const Variant<Params>& v : table) {
     if (v.run == nullptr) continue;
     if (!s.empty()) s += ", ";
-    s += std::string(kind) + " portable hdim" + std::to_string(v.head_dim) + " " + dtype_name(v.dtype) + " sm" +
-         std::to_string(v.arch) + (v.arch == 90 ? "a" : "");
+    s += variant_name(kind, "portable", v.head_dim, v.dtype, v.arch);
   }
 }
 
 }  // namespace
 
 void dispatch_forward(const core::ForwardParams& p, int cc, cudaStream_t stream) {
+  if (const HopperVariant* v = hopper_variant(p, cc); v != nullptr && v->run(p, stream)) {
+    last_kernel = variant_name("fwd", "hopper", v->head_dim, v->dtype, 90);
+    return;
+  }
   pick_and_run(kForward, "forward", p, cc, stream);
 }
 
@@ -89,9 +141,16 @@ void dispatch_backward(const core::BackwardParams& p, int cc, cudaStream_t strea
 
 std::string variant_list() {
   std::string s;
+  for (const HopperVariant& v : kHopperForward) {
+    if (v.run == nullptr) continue;
+    if (!s.empty()) s += ", ";
+    s += variant_name("fwd", "hopper", v.head_dim, v.dtype, 90);
+  }
   describe(kForward, "fwd", s);
   describe(kBackward, "bwd", s);
   return s.empty() ? "none" : s;
 }
+
+std::string last_kernel_name() { return last_kernel; }
 
 }  // namespace flashattn::cuda

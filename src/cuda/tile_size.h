@@ -84,3 +84,24 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 }
 
 }  // namespace flashattn::cuda
+
+// Hopper forward (src/cuda/sm90/fwd_kernel.cuh): consumer_wgs warpgroups of 64 query rows each
+// (block_m = 64 * consumer_wgs) plus one producer warpgroup; K/V tiles of block_n keys in a ring
+// of `stages`. Per consumer thread: S block_n/2 fp32, P block_n/4 b32, O head_dim/2 fp32. Shared
+// memory: Q block_m*d + K, V 2*stages*block_n*d (2 bytes each) <= 227 KB. Shapes follow
+// FlashAttention-3's table (hopper/tile_size.h) where our registers allow, to be re-measured:
+//   d=64:  3 warpgroups (block_m 192) x 128 keys: S 64 + P 32 + O 32 regs fit the 160 each of
+//          three consumer warpgroups get; 24 + 4*16 = 88 KB;
+//   d=128: 2 x 128: S 64 + P 32 + O 64 within 240 regs; 32 + 4*32 = 160 KB;
+//   d=256: 2 x 80: O alone is 128 regs; 64 + 4*40 = 224 KB, the most that fits.
+struct HopperFwdTile {
+  int block_n;
+  int consumer_wgs;
+  int stages;
+};
+
+constexpr HopperFwdTile hopper_fwd_tile(int head_dim) {
+  if (head_dim <= 64) return {128, 3, 2};
+  if (head_dim <= 128) return {128, 2, 2};
+  return {80, 2, 2};
+}

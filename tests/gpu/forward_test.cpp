@@ -2,6 +2,9 @@
 // windows, softcap, GQA, varlen with zero-length sequences, awkward sequence lengths, strides.
 // Outputs are poisoned before each run, so an unwritten element fails the comparison.
 #include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -30,6 +33,42 @@ std::string describe(const Case& c) {
     << " sk" << c.seqlen_k << " d" << c.head_dim << (c.causal ? " causal" : "") << " win(" << c.window_left << ","
     << c.window_right << ") cap" << c.softcap << (c.varlen_q.empty() ? "" : " varlen") << " pad" << c.pad;
   return s.str();
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// Whether dispatch must pick the Hopper path for this head dim and dtype: on a compute
+// capability 9.0 device, when this build compiled that variant (the test layouts keep out's rows
+// 16-byte aligned).
+bool expect_hopper(int64_t head_dim, DType dtype) {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const std::string want =
+      "fwd hopper hdim" + std::to_string(head_dim) + " " + flashattn::dtype_name(dtype) + " sm90a";
+  const std::string kernels = flashattn::build_info().cuda_kernels;
+  return major == 9 && minor == 0 && (kernels + ",").find(want + ",") != std::string::npos;
 }
 
 // Runs one case on the GPU and checks out and lse against the reference.
@@ -78,34 +117,41 @@ void check_case(const Case& c, uint32_t seed) {
   auto ref = flashattn::reference::forward(host);
   auto plain = flashattn::reference::forward(host, flashattn::reference::Precision::same_as_input);
 
-  DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
-  DeviceTensor dcuq, dcuk;
-  dout.poison();
-  dlse.poison();
-  flashattn::ForwardArgs dev = host;
-  dev.q = dq.view;
-  dev.k = dk.view;
-  dev.v = dv.view;
-  dev.out = dout.view;
-  dev.lse = c.with_lse ? dlse.view : TensorView{};
-  std::unique_ptr<DeviceTensor> cuq_d, cuk_d;
-  if (varlen) {
-    cuq_d = std::make_unique<DeviceTensor>(cuq_h);
-    cuk_d = std::make_unique<DeviceTensor>(cuk_h);
-    dev.cu_seqlens_q = cuq_d->view;
-    dev.cu_seqlens_k = cuk_d->view;
-  }
-  flashattn::forward(dev);
-  FA_CUDA_OK(cudaDeviceSynchronize());
-  dout.copy_to(out);
-  dlse.copy_to(lse);
+  // Each case runs on the path dispatch picks (the Hopper path where it applies) and on the
+  // portable path, which stays the fallback for everything the Hopper path does not cover.
+  for (bool portable : {false, true}) {
+    SCOPED_TRACE(portable ? "portable path forced" : "default path");
+    ScopedEnv force("FLASHATTN_GPU_FORWARD", portable ? "portable" : nullptr);
+    DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
+    dout.poison();
+    dlse.poison();
+    flashattn::ForwardArgs dev = host;
+    dev.q = dq.view;
+    dev.k = dk.view;
+    dev.v = dv.view;
+    dev.out = dout.view;
+    dev.lse = c.with_lse ? dlse.view : TensorView{};
+    std::unique_ptr<DeviceTensor> cuq_d, cuk_d;
+    if (varlen) {
+      cuq_d = std::make_unique<DeviceTensor>(cuq_h);
+      cuk_d = std::make_unique<DeviceTensor>(cuk_h);
+      dev.cu_seqlens_q = cuq_d->view;
+      dev.cu_seqlens_k = cuk_d->view;
+    }
+    flashattn::forward(dev);
+    FA_CUDA_OK(cudaDeviceSynchronize());
+    const std::string kernel = flashattn::last_gpu_kernel();
+    EXPECT_EQ(kernel.find("hopper") != std::string::npos, !portable && expect_hopper(c.head_dim, c.dtype)) << kernel;
+    dout.copy_to(out);
+    dlse.copy_to(lse);
 
-  EXPECT_TRUE(within_rule(out.values(), ref.out, plain.out, c.dtype, 2.0, "out"));
-  if (c.with_lse) {
-    // lse is fp32 from 16-bit inputs: the same rule, against the plain implementation's lse.
-    EXPECT_TRUE(within_rule(lse.values(), ref.lse, plain.lse, c.dtype, 2.0, "lse"));
-  } else {
-    for (double x : lse.values()) ASSERT_TRUE(std::isnan(x)) << "lse was written although absent";
+    EXPECT_TRUE(within_rule(out.values(), ref.out, plain.out, c.dtype, 2.0, "out"));
+    if (c.with_lse) {
+      // lse is fp32 from 16-bit inputs: the same rule, against the plain implementation's lse.
+      EXPECT_TRUE(within_rule(lse.values(), ref.lse, plain.lse, c.dtype, 2.0, "lse"));
+    } else {
+      for (double x : lse.values()) ASSERT_TRUE(std::isnan(x)) << "lse was written although absent";
+    }
   }
 }
 

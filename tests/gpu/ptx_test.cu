@@ -1,4 +1,5 @@
-// Each wrapper of src/cuda/ptx/sm80.cuh against plain CUDA or the fragment layouts it documents.
+// Each wrapper of src/cuda/ptx/ (sm80.cuh, sm90.cuh, wgmma.cuh) against plain CUDA, host products
+// or the fragment layouts it documents.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -7,6 +8,8 @@
 
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/tma.h"
 #include "gpu_util.h"
 
 namespace fa_test {
@@ -88,6 +91,63 @@ __global__ void bulk_reduce_kernel(float* gmem, int* ran) {
   ptx::thread_bulk_commit();
   ptx::thread_bulk_wait_all();
   if (threadIdx.x == 0) *ran = 1;
+#else
+  if (threadIdx.x == 0) *ran = 0;
+#endif
+}
+
+// The Hopper forward's data path on one warpgroup: TMA loads (128-byte swizzle, two column blocks
+// of a 128-wide row) completing on an mbarrier; S = Q K^T with both operands K-major in shared
+// memory (wgmma ss, N = 64); P = bf16(S / 8) re-packed from the accumulator as register A
+// fragments; O = P V with V MN-major (wgmma rs, N = 128 spanning both column blocks through the
+// descriptor's leading offset). Q, K, V: [64][128]; S: [64][64]; O: [64][128].
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+__global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaMaps maps, float* S, float* O, int* ran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) unsigned char tiles[3][64 * 128 * 2];
+  __shared__ __align__(8) uint64_t full;
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  if (tid == 0) {
+    ptx::thread_mbarrier_init(&full, 1);
+    ptx::thread_fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (w == 0 && ptx::warp_elect_one()) {
+    ptx::thread_mbarrier_arrive_expect_tx(&full, 3 * 64 * 128 * 2);
+    const CUtensorMap* m[3] = {&maps.q, &maps.k, &maps.v};
+    for (int i = 0; i < 3; ++i)
+      for (int c = 0; c < 2; ++c) ptx::thread_tma_load_4d(tiles[i] + c * 64 * 128, m[i], &full, 64 * c, 0, 0, 0);
+  }
+  ptx::thread_mbarrier_wait(&full, 0);
+  float s[32];
+  ptx::warpgroup_fence();
+  for (int ks = 0; ks < 8; ++ks) {
+    const int cb = ks / 4, kk = ks % 4;
+    uint64_t da = ptx::make_smem_desc_sw128(tiles[0] + cb * 64 * 128 + kk * 32, 16, 1024);
+    uint64_t db = ptx::make_smem_desc_sw128(tiles[1] + cb * 64 * 128 + kk * 32, 16, 1024);
+    ptx::Wgmma<__nv_bfloat16, 64>::ss<0>(s, da, db, ks > 0);
+  }
+  ptx::warpgroup_commit();
+  ptx::warpgroup_wait<0>();
+  ptx::thread_pin(s);
+  uint32_t pf[16];
+  for (int i = 0; i < 32; ++i) S[(16 * w + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t + (i & 1)] = s[i];
+  for (int j = 0; j < 16; ++j) pf[j] = ptx::thread_pack2<__nv_bfloat16>(s[2 * j] * 0.125f, s[2 * j + 1] * 0.125f);
+  float o[64];
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  ptx::warpgroup_fence();
+  for (int kt = 0; kt < 4; ++kt) {
+    uint64_t db = ptx::make_smem_desc_sw128(tiles[2] + kt * 2048, 64 * 128, 1024);
+    ptx::Wgmma<__nv_bfloat16, 128>::rs<1>(o, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * kt]), db, 1);
+  }
+  ptx::warpgroup_commit();
+  ptx::warpgroup_wait<0>();
+  ptx::thread_pin(o);
+  ptx::thread_pin(pf);
+  for (int i = 0; i < 64; ++i) O[(16 * w + g + 8 * ((i >> 1) & 1)) * 128 + 8 * (i >> 2) + 2 * t + (i & 1)] = o[i];
+  if (tid == 0) *ran = 1;
 #else
   if (threadIdx.x == 0) *ran = 0;
 #endif
@@ -207,6 +267,61 @@ TEST_F(Ptx, BulkReduceAddsRowsOnHopper) {
   auto got = to_host(d, 64);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(got[i], base[i] + 2.f * float((i / 16) * 100 + i % 16)) << i;
   cudaFree(d);
+  cudaFree(ran);
+}
+
+TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
+  int dev = 0, major = 0;
+  FA_CUDA_OK(cudaGetDevice(&dev));
+  FA_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major != 9) GTEST_SKIP() << "TMA + wgmma need an sm_90a device";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<__nv_bfloat16> h[3];
+  __nv_bfloat16* d[3];
+  TmaMaps maps;
+  CUtensorMap* m[3] = {&maps.q, &maps.k, &maps.v};
+  for (int i = 0; i < 3; ++i) {
+    h[i].resize(64 * 128);
+    for (auto& x : h[i]) x = __float2bfloat16(n(rng));
+    d[i] = to_device(h[i]);
+    flashattn::cuda::sm90::TmaTensor t;
+    t.base = d[i];
+    t.head_dim = 128;
+    t.rows = 64;
+    t.heads = 1;
+    t.batch = 1;
+    t.row_stride = 128;
+    ASSERT_TRUE(flashattn::cuda::sm90::encode_tma_sw128(m[i], t, 64));
+  }
+  float *dS = nullptr, *dO = nullptr;
+  int* ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&dS, 64 * 64 * 4));
+  FA_CUDA_OK(cudaMalloc(&dO, 64 * 128 * 4));
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  FA_CUDA_OK(cudaMemset(ran, 0, 4));
+  wgmma_kernel<<<1, 128>>>(maps, dS, dO, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "this build has no sm_90a code";
+  auto S = to_host(dS, 64 * 64), O = to_host(dO, 64 * 128);
+  auto at = [&](int i, int r, int c) { return double(__bfloat162float(h[i][r * 128 + c])); };
+  std::vector<double> P(64 * 64);
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 64; ++c) {
+      double ref = 0;
+      for (int k = 0; k < 128; ++k) ref += at(0, r, k) * at(1, c, k);
+      ASSERT_NEAR(S[r * 64 + c], ref, 1e-3 * (1 + std::fabs(ref))) << "S " << r << "," << c;
+      P[r * 64 + c] = __bfloat162float(__float2bfloat16(S[r * 64 + c] * 0.125f));
+    }
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 128; ++c) {
+      double ref = 0;
+      for (int k = 0; k < 64; ++k) ref += P[r * 64 + k] * at(2, k, c);
+      ASSERT_NEAR(O[r * 128 + c], ref, 1e-3 * (1 + std::fabs(ref))) << "O " << r << "," << c;
+    }
+  for (auto p : d) cudaFree(p);
+  cudaFree(dS);
+  cudaFree(dO);
   cudaFree(ran);
 }
 

@@ -1,6 +1,9 @@
-// Our typed layer over the sm90 (Hopper) PTX the kernels use beyond sm80: the bulk async copy
-// engine's reduce-add and the proxy fence it needs. Compiled only where __CUDA_ARCH__ >= 900;
-// tests/gpu/ptx_test.cu checks each wrapper on the GPU.
+// Our typed layer over the sm90 (Hopper) PTX: the bulk async copy engine (reduce-add, TMA tensor
+// loads), mbarriers, wgmma (descriptors, fences, groups), setmaxnreg and named barriers. Names say
+// who runs them: thread_* per thread, warp_* all 32 lanes of a warp, warpgroup_* all 128 threads of
+// a warpgroup (4 consecutive warps starting at a multiple of 4). The wgmma instructions themselves
+// (one per N) are generated into wgmma.cuh. tests/gpu/ptx_test.cu checks each wrapper on the GPU.
+// Facts and sources: shared/design/kernel-primer.md section 2.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +11,10 @@
 namespace flashattn::cuda::ptx {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 // Shared-memory writes made by ordinary stores become visible to the async proxy (bulk copies,
 // TMA, wgmma) only after this fence (then a barrier orders the other threads).
@@ -18,9 +25,8 @@ __device__ __forceinline__ void thread_fence_proxy_async_smem() {
 // gmem[i] += smem[i] for `bytes` / 4 floats, performed by the copy engine (one instruction instead
 // of one atomic per element). Both addresses 16-byte aligned, bytes a multiple of 16.
 __device__ __forceinline__ void thread_bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(s),
-               "r"(bytes)
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(smem_addr(smem)), "r"(bytes)
                : "memory");
 }
 
@@ -34,6 +40,149 @@ __device__ __forceinline__ void thread_bulk_wait_read_all() {
 
 // Waits until this thread's committed bulk operations have completed, global writes included.
 __device__ __forceinline__ void thread_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// ---- mbarrier: arrival counts plus expected transaction bytes -------------------------------
+// A phase completes when `count` threads arrived and every expected byte landed; waiting on
+// parity P returns once the phase with that parity has completed (a fresh barrier is in phase 0,
+// so waiting on parity 1 returns at once: how a producer's first wait on an empty slot passes).
+
+__device__ __forceinline__ void thread_mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// Makes this thread's mbarrier.init visible to the other threads and the async proxy; a CTA-wide
+// barrier must follow before anyone uses the barriers.
+__device__ __forceinline__ void thread_fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void thread_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Announces `bytes` more to arrive through the copy engine, and arrives (count 1).
+__device__ __forceinline__ void thread_mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+                   smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void thread_mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      " .reg .pred done;\n"
+      "wait_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- TMA: tensor tiles global -> shared through the copy engine -----------------------------
+
+// The map is a __grid_constant__ kernel parameter (its generic address is what the copy engine
+// takes). One thread prefetches it before first use.
+__device__ __forceinline__ void thread_prefetch_tensormap(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// Loads the box at element coordinates (c0 innermost .. c3) into smem and completes `bytes` on
+// `bar` (the caller announced them with arrive_expect_tx). Elements outside the tensor read as 0.
+__device__ __forceinline__ void thread_tma_load_4d(void* smem, const void* tmap, uint64_t* bar, int c0, int c1, int c2,
+                                                   int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+
+#endif
+
+// wgmma and setmaxnreg exist only on the sm_90a target (not plain sm_90, not later archs).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// ---- wgmma: warpgroup matrix multiply-accumulate --------------------------------------------
+
+// A shared-memory matrix descriptor for a tile stored in 128-byte swizzled rows (the layout TMA's
+// SWIZZLE_128B writes; the tile base must be 1024-byte aligned, so the base-offset field is 0).
+//   K-major (rows of the M/N dimension, 64 16-bit elements of K per 128-byte row):
+//       lbo unused, sbo = 1024 (the next group of 8 rows); advance start by 32 B per k16 step.
+//   MN-major (rows of K, 64 elements of M/N per 128-byte row):
+//       lbo = byte stride between 64-element column blocks, sbo = 1024 (the next 8 K rows);
+//       advance start by 2048 B per k16 step.
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* start, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= uint64_t((smem_addr(start) & 0x3FFFF) >> 4);
+  d |= uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16;
+  d |= uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32;
+  d |= uint64_t(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+// Orders this warpgroup's register writes (accumulators, A fragments) before the wgmmas that read
+// them; required before the first wgmma of a batch.
+__device__ __forceinline__ void warpgroup_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void warpgroup_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void warpgroup_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving reads or writes of an accumulator across an asynchronous wgmma
+// (it cannot see that the hardware owns the registers until the wait).
+template <int N>
+__device__ __forceinline__ void thread_pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void thread_pin(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// ---- warp specialization --------------------------------------------------------------------
+
+// Moves registers between warpgroups: the producer gives up what it does not need, consumers take
+// it. Every warp of the warpgroup executes the same call.
+template <int N>
+__device__ __forceinline__ void warpgroup_reg_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void warpgroup_reg_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// Named barriers (ids 1..15; 0 is __syncthreads). `threads` is a multiple of 32.
+__device__ __forceinline__ void thread_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void thread_named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// True in exactly one lane of the (converged) warp.
+__device__ __forceinline__ bool warp_elect_one() {
+  uint32_t pred = 0;
+  asm volatile(
+      "{\n"
+      " .reg .b32 lane;\n"
+      " .reg .pred p;\n"
+      " elect.sync lane|p, 0xffffffff;\n"
+      " selp.b32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(pred));
+  return pred != 0;
+}
 
 #endif
 

@@ -1,0 +1,48 @@
+#include "cuda/sm90/tma.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    else
+      cudaGetLastError();
+  });
+  return fn;
+}
+
+}  // namespace
+
+bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows) {
+  auto fn = encoder();
+  if (fn == nullptr || t.elem_bytes != 2) return false;
+  // Dimensions must be at least 1 even where the kernel will load nothing from them.
+  auto at_least_1 = [](int64_t x) { return cuuint64_t(x < 1 ? 1 : x); };
+  const cuuint64_t eb = cuuint64_t(t.elem_bytes);
+  cuuint64_t dims[4] = {cuuint64_t(t.head_dim), at_least_1(t.rows), at_least_1(t.heads), at_least_1(t.batch)};
+  // Strides of dims 1..3 in bytes; a stride of 0 (a dimension of size 1 whose stride nobody set)
+  // is replaced by a legal one, since it is never stepped over.
+  auto stride = [&](int64_t s) { return cuuint64_t(s > 0 ? s : 8) * eb; };
+  cuuint64_t strides[3] = {stride(t.row_stride), stride(t.head_stride), stride(t.batch_stride)};
+  cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  // f16 and bf16 alike move as 16-bit words: the copy engine does not interpret them.
+  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(t.base), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+}  // namespace flashattn::cuda::sm90
