@@ -94,14 +94,16 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 //          three consumer warpgroups get; 24 + 4*16 = 88 KB;
 //   d=128: 2 x 128: S 64 + P 32 + O 64 within 240 regs; 32 + 4*32 = 160 KB;
 //   d=256: 2 x 80: O alone is 128 regs; 64 + 4*40 = 224 KB, the most that fits.
+// ping_pong: the consumer warpgroups take turns issuing GEMMs (see the kernel).
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
   int stages;
+  bool ping_pong;
 };
 
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim) {
-  if (head_dim <= 64) return {128, 3, 2};
-  if (head_dim <= 128) return {128, 2, 2};
-  return {80, 2, 2};
+  if (head_dim <= 64) return {128, 3, 2, true};
+  if (head_dim <= 128) return {128, 2, 2, true};
+  return {80, 2, 2, true};
 }

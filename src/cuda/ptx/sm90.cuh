@@ -104,6 +104,16 @@ __device__ __forceinline__ void thread_tma_load_4d(void* smem, const void* tmap,
 // wgmma and setmaxnreg exist only on the sm_90a target (not plain sm_90, not later archs).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
+// Stores the box at element coordinates (c0 innermost .. c3) from smem (the layout the map's
+// swizzle describes) into the tensor; elements outside the tensor are not written. Completion is
+// tracked by bulk groups (thread_bulk_commit, thread_bulk_wait_*), in the issuing thread only.
+__device__ __forceinline__ void thread_tma_store_4d(const void* tmap, const void* smem, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(smem_addr(smem)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // ---- wgmma: warpgroup matrix multiply-accumulate --------------------------------------------
 
 // A shared-memory matrix descriptor for a tile stored in 128-byte swizzled rows (the layout TMA's

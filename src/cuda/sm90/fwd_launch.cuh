@@ -2,6 +2,9 @@
 // generated instantiation files (src/cuda/instantiations/fwd_hopper_*), built for sm_90a.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cuda/common.cuh"
 #include "cuda/forward.h"
 #include "cuda/sm90/fwd_kernel.cuh"
@@ -10,11 +13,10 @@
 
 namespace flashattn::cuda {
 
-template <int kHeadDim, class Element, int kArch>
-bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
-  static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
-  constexpr HopperFwdTile tile = hopper_fwd_tile(kHeadDim);
-  using T = sm90::FwdTraits<kHeadDim, Element, tile.block_n, tile.consumer_wgs, tile.stages>;
+// Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes).
+template <class T>
+bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
+  constexpr int kHeadDim = T::kHeadDim;
   sm90::FwdParams P{};
   P.p = p;
   // Varlen tensors are packed [total, heads, d]: one sequence of all rows (batch 1).
@@ -36,14 +38,40 @@ bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
       !sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, rows_k, p.heads_kv), T::kBlockN) ||
       !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, rows_k, p.heads_kv), T::kBlockN))
     return false;  // the driver rejected a layout: the caller runs the portable path
+  // O leaves by TMA store where rows past a sequence fall outside the map (not for packed varlen
+  // tensors, whose next sequence follows); one 64-row box per consumer warpgroup.
+  P.tma_store = !varlen && sm90::encode_tma_sw128(&P.to, view(p.out, p.o_s, rows_q, p.heads_q), 64);
+
+  int device = 0, num_sms = 0, l2_bytes = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
+  sm90::TileScheduler& s = P.sched;
+  s.num_m_blocks = int((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  s.heads = int(p.heads_q);
+  s.batch = int(p.batch);
+  s.longest_first = p.window_right >= 0;
+  // Heads per L2 section: their K and V (shared by a GQA group) fill at most half the L2.
+  const double kv_bytes_per_head = 2.0 * double(p.seqlen_k) * kHeadDim * 2 / double(p.group());
+  s.section = int(std::max(1.0, std::min(double(s.heads) * s.batch, 0.5 * l2_bytes / std::max(kv_bytes_per_head, 1.0))));
+  const int64_t tiles = int64_t(s.num_m_blocks) * s.heads * s.batch;
+  if (tiles == 0) return true;
+  if (tiles > int64_t(INT32_MAX)) return false;  // tile indices are int: the portable path takes it
   auto kernel = p.softcap > 0.f ? sm90::forward_kernel<T, true> : sm90::forward_kernel<T, false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(forward, shared memory)");
-  dim3 grid(unsigned((p.seqlen_q + T::kBlockM - 1) / T::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return true;
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
   check_launch("flashattn forward kernel (Hopper path)");
   return true;
+}
+
+template <int kHeadDim, class Element, int kArch>
+bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
+  static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
+  constexpr HopperFwdTile tile = hopper_fwd_tile(kHeadDim);
+  return launch_forward_hopper<
+      sm90::FwdTraits<kHeadDim, Element, tile.block_n, tile.consumer_wgs, tile.stages, tile.ping_pong>>(p, stream);
 }
 
 }  // namespace flashattn::cuda
