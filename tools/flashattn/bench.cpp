@@ -24,7 +24,8 @@ Times every combination of the values given (lists "1,2,4" and ranges "a:b", "a:
 "a:b:xFACTOR" such as 512:8192:x2) and prints one row each: the median time; TFLOP/s (fwd:
 4 b h s_q s_k d, halved when causal, windows not discounted; bwd: 2.5x that) or, for decode, GB/s
 (bytes of the K and V rows the new tokens can see, per second); and for fwd the speed-up over
-standard attention (S and P materialized; skipped where they would not fit in memory).
+standard attention (S and P materialized; skipped where they would not fit in memory). Decode is
+planned once (plan_decode) and each timed call is a run of that plan, as in a serving loop.
 
 options:
   --op LIST          fwd, bwd, decode (default fwd)
@@ -119,13 +120,22 @@ void run_row(Row& r, int warmup, bool with_standard, bool verify) {
   const Shape& s = r.shape;
   Problem prob(s, 1);
   std::function<void()> op;
+  // Decode is timed as a serving loop runs it: planned once (host validation, split choice), then
+  // each step is a run of the plan on a workspace allocated once, with no host synchronization.
+  // decode(args) would add a host copy of the indices and a workspace allocation to every step.
+  flashattn::DecodePlan plan;
+  Buffer workspace;
   switch (s.op) {
     case Op::fwd: op = [&] { flashattn::forward(prob.forward_args()); }; break;
     case Op::bwd:
       flashattn::forward(prob.forward_args());  // out and lse for the backward
       op = [&] { flashattn::backward(prob.backward_args()); };
       break;
-    case Op::decode: op = [&] { flashattn::decode(prob.decode_args()); }; break;
+    case Op::decode:
+      plan = flashattn::plan_decode(prob.decode_args());
+      workspace = Buffer(s.device, s.device == DeviceType::cuda ? plan.workspace_bytes : 0);
+      op = [&] { flashattn::decode(prob.decode_args(), plan, workspace.data()); };
+      break;
   }
   r.times = time_runs(s.device, warmup, r.runs, op);
   r.median = median(r.times);
