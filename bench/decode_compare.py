@@ -4,7 +4,9 @@
 The anchors' decode rows (shared/anchors/README.md): bf16, 32 query heads sharing 8 KV heads,
 d = 128, one new token per sequence, (batch, kv length) = (1, 8192), (1, 32768), (1, 131072),
 (8, 32768), (64, 4096); ours on a contiguous cache and on paged caches (pages of 16 and 256 tokens,
-scattered in a shuffled order). GB/s = bytes of K and V read / median time (triton do_bench, CUDA
+scattered in a shuffled order), and optionally ('h' in --pages) on SDPA's own memory layout, each
+KV head's keys contiguous, passed to us as a strided cache view; --splits adds rows with the split
+count forced, to check the automatic choice. GB/s = bytes of K and V read / median time (triton do_bench, CUDA
 events). The device copy bandwidth is measured in the same run (bytes read + written, as in
 the anchors), so every figure can be read against it.
 
@@ -43,14 +45,18 @@ def copy_gbps():
 
 
 class Ours:
-    """A planned decode step over a cache (contiguous when page == 0, else paged)."""
+    """A planned decode step over a cache: contiguous when page == 0, paged with `page` tokens per
+    page, or page == "h": contiguous with each KV head's keys together (kt, vt: [b, hk, kv, d])."""
 
-    def __init__(self, lib, q, k, v, lens, page):
+    def __init__(self, lib, q, k, v, lens, page, splits=0, kt=None, vt=None):
         b, kv, hk, d = k.shape
         self.lib, self.keep = lib, []
         a = DecodeArgs()
         a.struct_size = C.sizeof(DecodeArgs)
-        if page:  # pages of `page` tokens in a shuffled order: the cache as an allocator leaves it
+        a.num_splits = splits
+        if page == "h":
+            a.k_cache, a.v_cache = view(kt.transpose(1, 2), BF16), view(vt.transpose(1, 2), BF16)
+        elif page:  # pages of `page` tokens in a shuffled order: the cache as an allocator leaves it
             per_seq = kv // page
             perm = torch.randperm(b * per_seq, device="cuda")
             kp, vp = (torch.empty(b * per_seq, page, hk, d, device="cuda", dtype=k.dtype) for _ in range(2))
@@ -97,13 +103,16 @@ class Ours:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", default="build/libflashattn.so")
-    p.add_argument("--pages", default="0,16,256", help="cache layouts: 0 = contiguous, else tokens per page")
+    p.add_argument("--pages", default="0,16,256",
+                   help="cache layouts: 0 = contiguous, h = contiguous per KV head (SDPA's layout), else tokens per page")
+    p.add_argument("--splits", default="", help="split counts to force in extra rows (default: the automatic choice only)")
     p.add_argument("--rows", default=",".join(f"{b}x{kv}" for b, kv in ROWS), help="BATCHxKV,... (default: the anchors)")
     p.add_argument("--no-sdpa", action="store_true", help="ours only (e.g. under a profiler)")
     p.add_argument("--json")
     a = p.parse_args()
     lib = load(a.lib)
-    pages = [int(x) for x in a.pages.split(",") if x]
+    pages = [x if x == "h" else int(x) for x in a.pages.split(",") if x]
+    forced = [int(x) for x in a.splits.split(",") if x]
     rows = [tuple(int(v) for v in r.split("x")) for r in a.rows.split(",") if r]
     hq, hk, d = 32, 8, 128
     copy = 0.0 if a.no_sdpa else copy_gbps()
@@ -111,7 +120,7 @@ def main():
            "copy_GBps_rw": copy, "hq": hq, "hk": hk, "d": d, "rows": []}
     print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)")
     print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits':>6} | {'run':>6} {'graph':>6} | {'cudnn':>6} {'fa2':>6} |"
-          f" {'graph/cudnn':>11} {'graph/copy':>10} | max|ours-sdpa|")
+          f" {'graph/cudnn':>11} {'graph/copy':>10} | max|ours-sdpa|" + ("   (* = splits forced)" if forced else ""))
     for b, kv in rows:
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, kv, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -130,11 +139,17 @@ def main():
                     sdpa[name] = nbytes / median_ms(fn) / 1e6
             except RuntimeError as e:
                 sdpa[name + "_error"] = str(e).splitlines()[0][:160]
-        del kt, vt
+        if "h" not in pages:
+            del kt, vt
+            kt = vt = None
         torch.cuda.empty_cache()
-        for page in pages:
-            ours = Ours(lib, q, k, v, lens, page)
-            row = {"b": b, "kv": kv, "page": page, "splits": ours.plan.num_splits, **sdpa}
+        for page, splits in [(page, 0) for page in pages] + [(pages[0], s) for s in forced]:
+            try:
+                ours = Ours(lib, q, k, v, lens, page, splits, kt, vt)
+            except RuntimeError as e:
+                print(f"{b:3d} {kv:7d} {page!s:>5} {splits:6d} | {str(e).splitlines()[0][:120]}", flush=True)
+                continue
+            row = {"b": b, "kv": kv, "page": page, "splits": ours.plan.num_splits, "forced_splits": splits > 0, **sdpa}
             row["run_GBps"] = nbytes / median_ms(ours.run) / 1e6
             try:
                 g = ours.graph()
@@ -150,13 +165,13 @@ def main():
             res["rows"].append(row)
             f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
             r = lambda num, den: (f"{num / den:.2f}" if num and den else "-")
-            print(f"{b:3d} {kv:7d} {page:5d} {row['splits']:6d} | {f('run_GBps')} {f('graph_GBps')} | {f('cudnn')}"
+            print(f"{b:3d} {kv:7d} {page!s:>5} {row['splits']:5d}{'*' if splits else ' '} | {f('run_GBps')} {f('graph_GBps')} | {f('cudnn')}"
                   f" {f('fa2')} | {r(row.get('graph_GBps'), row.get('cudnn')):>11} {r(row.get('graph_GBps'), copy):>10}"
                   f" | {row.get('max_abs_diff_vs_sdpa', float('nan')):.3g}" + (f"  FAULTS {row['faults']}" if row["faults"] else ""),
                   flush=True)
             del ours
             torch.cuda.empty_cache()
-        del q, k, v, qt, lens, ref
+        del q, k, v, qt, kt, vt, lens, ref
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as fh:
