@@ -1,6 +1,6 @@
 // Host side of the GPU decode: the variant table, the split heuristic, the workspace layout, and
-// one run of a plan (status reset, attention with append, combine), all queued on one stream with
-// no host synchronization, so a run can be captured in a CUDA graph.
+// one run of a plan (status reset, then one kernel: attention with append and combine), queued on
+// one stream with no host synchronization, so a run can be captured in a CUDA graph.
 #include "cuda/decode/decode.h"
 
 #include <cuda_bf16.h>
@@ -10,7 +10,6 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "cuda/merge/merge.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -71,6 +70,17 @@ int64_t row_tiles(const core::DecodeParams& p) {
   return ceil_div(rows, decode_rows_per_cta(rows));
 }
 
+// Workspace offsets past the status words (splits > 1): arrival counters, partial lse, partial o.
+struct WorkspaceLayout {
+  int64_t arrivals_bytes, lse_bytes, o_bytes;
+  explicit WorkspaceLayout(const core::DecodeParams& p, int32_t splits) {
+    const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
+    arrivals_bytes = align256(p.batch * p.heads_kv * row_tiles(p) * 4);
+    lse_bytes = align256(rows * 4);
+    o_bytes = align256(rows * p.head_dim * 4);
+  }
+};
+
 }  // namespace
 
 int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t slots) {
@@ -98,8 +108,8 @@ int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seql
 
 int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits) {
   if (splits <= 1) return kDecodeStatusBytes;
-  const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
-  return kDecodeStatusBytes + align256(rows * 4) + align256(rows * p.head_dim * 4);
+  const WorkspaceLayout w(p, splits);
+  return kDecodeStatusBytes + w.arrivals_bytes + w.lse_bytes + w.o_bytes;
 }
 
 void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms) {
@@ -121,44 +131,18 @@ void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* 
   L.row_tiles = int32_t(row_tiles(p));
   auto* base = static_cast<unsigned char*>(workspace);
   L.status = reinterpret_cast<uint32_t*>(base);
-  const int64_t rows = int64_t(L.splits) * p.batch * p.seqlen_new * p.heads_q;
+  int64_t reset_bytes = 2 * sizeof(uint32_t);
   if (L.splits > 1) {
-    L.part_lse = reinterpret_cast<float*>(base + kDecodeStatusBytes);
-    L.part_o = reinterpret_cast<float*>(base + kDecodeStatusBytes + align256(rows * 4));
+    const WorkspaceLayout w(p, L.splits);
+    L.arrivals = reinterpret_cast<uint32_t*>(base + kDecodeStatusBytes);
+    L.part_lse = reinterpret_cast<float*>(base + kDecodeStatusBytes + w.arrivals_bytes);
+    L.part_o = reinterpret_cast<float*>(base + kDecodeStatusBytes + w.arrivals_bytes + w.lse_bytes);
+    reset_bytes = kDecodeStatusBytes + w.arrivals_bytes;
   }
-  check(cudaMemsetAsync(L.status, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(decode status)");
+  // One memset for the status and the counters (adjacent): the workspace arrives uninitialized
+  // and a run must not depend on what the previous one left.
+  check(cudaMemsetAsync(L.status, 0, size_t(reset_bytes), stream), "cudaMemsetAsync(decode status)");
   v.run(L, stream);
-  if (L.splits == 1) return;
-
-  // The combine: merge_states over the partials [split, batch, token, head, d] into out/lse.
-  const int64_t S = p.seqlen_new, H = p.heads_q, D = p.head_dim;
-  MergeLaunch m;
-  m.parts = L.splits;
-  m.outer = p.batch;
-  m.inner = S;
-  m.heads = H;
-  m.head_dim = D;
-  m.in_dtype = DType::f32;
-  m.out_dtype = p.dtype;
-  m.o_parts = L.part_o;
-  m.op_part = p.batch * S * H * D;
-  m.op_outer = S * H * D;
-  m.op_inner = H * D;
-  m.op_head = D;
-  m.lse_parts = L.part_lse;
-  m.lp_part = p.batch * S * H;
-  m.lp_outer = S * H;
-  m.lp_inner = H;
-  m.lp_head = 1;
-  m.out = p.out;
-  m.o_outer = p.o_s.batch;
-  m.o_inner = p.o_s.row;
-  m.o_head = p.o_s.head;
-  m.lse = static_cast<float*>(p.lse);
-  m.l_outer = p.lse_s.batch;
-  m.l_inner = p.lse_s.row;
-  m.l_head = p.lse_s.head;
-  launch_merge(m, stream);
 }
 
 std::string decode_variant_list() {

@@ -4,8 +4,8 @@
 // One CTA computes one (sequence, KV head, KV split, row tile): its rows are the query heads that
 // share the KV head times the new tokens (row r = token * group + head in group), so a K/V byte
 // read from HBM serves every one of them. With one split the CTA writes out and lse; with more,
-// it writes a fp32 partial (o, lse) to the workspace and the merge kernel (src/cuda/merge/)
-// combines the splits.
+// it writes a fp32 partial (o, lse) to the workspace, and the last of the splits' CTAs to finish
+// merges them into out and lse (src/cuda/merge/merge_row.cuh): one launch per step.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,10 +27,12 @@ struct DecodeLaunch {
   int32_t row_tiles = 1;         // CTAs per (sequence, KV head, split) along the rows
   float* part_o = nullptr;       // splits > 1: [splits, batch, seqlen_new, heads_q, head_dim]
   float* part_lse = nullptr;     //             [splits, batch, seqlen_new, heads_q]
+  uint32_t* arrivals = nullptr;  //             [batch, heads_kv, row_tiles]: CTAs done, 0 at the start
   uint32_t* status = nullptr;    // [2]: fault bits; ~(lowest faulty sequence), 0 = none
 };
 
-// The workspace: the status words, then (with splits > 1) the partial lse and o, 256-byte aligned.
+// The workspace: the status words, then (with splits > 1) the arrival counters, the partial lse
+// and o, each 256-byte aligned. Status and counters are zeroed together at the start of a run.
 inline constexpr int64_t kDecodeStatusBytes = 256;
 
 // Query rows per CTA for `rows` = group * seqlen_new query rows per KV head: 16, 32 or 64 (one
@@ -51,8 +53,8 @@ int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seql
 int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits);
 // Fills plan.num_splits and plan.workspace_bytes for the current device (compute capability cc).
 void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms);
-// Queues the whole step on `stream`: status reset, the attention kernel (with the append), and the
-// combine when splitting. Reads nothing to the host.
+// Queues the whole step on `stream`: the status (and counter) reset and the attention kernel,
+// which appends and, when splitting, combines. Reads nothing to the host.
 void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* workspace, int cc,
                      cudaStream_t stream);
 std::string decode_variant_list();

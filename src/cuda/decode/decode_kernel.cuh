@@ -14,6 +14,8 @@
 //     in shared memory that the K and V copies read (pages of any size, scattered); keys past the
 //     cached length come straight from k_new/v_new (the CTA that appends them to the cache runs
 //     concurrently), so appending needs no separate pass;
+//   * splits: with several, each CTA writes a fp32 partial (o, lse) and the last CTA of its
+//     (sequence, KV head, row tile) to finish merges them all, in the same launch;
 //   * guards: the run path trusts no index. A length outside [0, plan max] or past the capacity,
 //     or a page id outside [0, num_pages), is never dereferenced; the CTA records a fault in the
 //     workspace and writes NaN rows (or a poisoned partial that the merge turns into NaN).
@@ -27,6 +29,7 @@
 #include "core/params.h"
 #include "core/softmax_state.h"
 #include "cuda/decode/decode.h"
+#include "cuda/merge/merge_row.cuh"
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/sm80/smem_tile.cuh"  // Swizzle, LaneRows: the portable kernels' shared-tile layout
 
@@ -45,6 +48,10 @@ constexpr int decode_kv_slots(int head_dim) {
   const int slots = kBudget / half_tile - 1;  // one half-tile's worth for Q
   return slots > 8 ? 8 : slots;
 }
+
+// Splits whose partials one thread of the combine loads at once (merge_row.cuh): 16 parts x 4
+// floats take 64 registers, which the main loop's O and Q fragments have freed by then.
+constexpr int kCombineBatch = 16;
 
 template <int kHeadDim_, class Element_, int kWarpsM_, int kSlots_>
 struct DecodeTraits {
@@ -436,6 +443,19 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     atomicMax(&L.status[1], ~uint32_t(b));  // the largest ~b is the smallest faulty b
   }
   const float nan = __int_as_float(0x7fffffff);
+  // Output row `row` of this CTA, columns col..col+3 (already normalized), and its lse.
+  auto store_out = [&](int row, int col, const float (&o)[4], float lse) {
+    const int64_t r = r0 + row, tok = r / group, h = hk * group + r % group;
+    E* out = static_cast<E*>(p.out) + p.o_s.offset(b, tok, h) + col;
+    reinterpret_cast<uint32_t*>(out)[0] = ptx::thread_pack2<E>(o[0], o[1]);
+    reinterpret_cast<uint32_t*>(out)[1] = ptx::thread_pack2<E>(o[2], o[3]);
+    if (col == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[p.lse_s.offset(b, tok, h)] = lse;
+  };
+  // Row (split s, this CTA's row `row`) of the partials [split, batch, token, head].
+  auto part_row = [&](int64_t s, int row) {
+    const int64_t r = r0 + row, tok = r / group, h = hk * group + r % group;
+    return ((s * p.batch + b) * p.seqlen_new + tok) * p.heads_q + h;
+  };
   constexpr int kQuads = T::kHeadDim / 4;
   for (int i = tid; i < T::kBlockM * kQuads; i += T::kThreads) {
     const int row = i / kQuads, col = 4 * (i % kQuads);
@@ -456,21 +476,50 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       o[3] += f * ow.w;
     }
     const float inv = fault ? nan : core::finalize_scale(l);
-    const int64_t r = r0 + row, tok = r / group, h = hk * group + r % group;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] *= inv;
     if (L.splits == 1) {
-      E* out = static_cast<E*>(p.out) + p.o_s.offset(b, tok, h) + col;
-      reinterpret_cast<uint32_t*>(out)[0] = ptx::thread_pack2<E>(o[0] * inv, o[1] * inv);
-      reinterpret_cast<uint32_t*>(out)[1] = ptx::thread_pack2<E>(o[2] * inv, o[3] * inv);
-      if (col == 0 && p.lse != nullptr)
-        static_cast<float*>(p.lse)[p.lse_s.offset(b, tok, h)] = fault ? nan : core::finalize_lse(m, l);
+      store_out(row, col, o, fault ? nan : core::finalize_lse(m, l));
     } else {
-      // Partial row (split, b, tok, h); a poisoned partial has lse = +inf, which the merge turns
-      // into a NaN row whatever the other splits hold (exp(inf - inf) is NaN).
-      const int64_t prow = ((int64_t(split) * p.batch + b) * p.seqlen_new + tok) * p.heads_q + h;
-      *reinterpret_cast<float4*>(L.part_o + prow * p.head_dim + col) =
-          make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+      // A poisoned partial has lse = +inf, which the merge turns into a NaN row whatever the
+      // other splits hold (exp(inf - inf) is NaN).
+      const int64_t prow = part_row(split, row);
+      *reinterpret_cast<float4*>(L.part_o + prow * p.head_dim + col) = make_float4(o[0], o[1], o[2], o[3]);
       if (col == 0) L.part_lse[prow] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
     }
+  }
+  if (L.splits == 1) return;
+
+  // The combine, in this launch: the last CTA of this (sequence, KV head, row tile) to finish
+  // merges every split's partial (merge_row.cuh, the merge_states rules). A second kernel would
+  // cost a launch and a drain of the whole grid, which at b = 1 is a large part of a step. Each
+  // thread's partial writes are made visible GPU-wide before the CTA counts itself in; the CTA
+  // that brings the count to `splits` sees them all. The counters are zeroed with the status at
+  // the start of every run (decode.cpp), so a run (or a graph replay) never sees a stale count.
+  __threadfence();
+  __syncthreads();
+  bool last = false;
+  if (tid == 0) {
+    const int64_t unit = (b * p.heads_kv + hk) * L.row_tiles + row_tile;
+    last = atomicAdd(&L.arrivals[unit], 1u) == uint32_t(L.splits - 1);
+    __threadfence();
+  }
+  if (!__syncthreads_or(last)) return;
+  const int quads = int(p.head_dim / 4);
+  for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
+    const int row = i / quads, col = 4 * (i % quads);
+    // Loads through L2 (.cg): the partials were written by other SMs during this launch.
+    const auto lse_of = [&](int64_t s) { return __ldcg(L.part_lse + part_row(s, row)); };
+    const auto load_o = [&](int64_t s, float (&v)[4]) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(L.part_o + part_row(s, row) * p.head_dim + col));
+      v[0] = x.x;
+      v[1] = x.y;
+      v[2] = x.z;
+      v[3] = x.w;
+    };
+    float o[4];
+    const float lse = merge_row<4, kCombineBatch>(L.splits, lse_of, load_o, o);
+    store_out(row, col, o, lse);
   }
 }
 

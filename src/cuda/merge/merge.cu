@@ -1,24 +1,22 @@
-// The GPU merge of partial states: one warp per output row, core::MergeState for the weights (the
-// same -inf rules as the CPU merge and as every kernel's epilogue), fp32 accumulation.
-//
-// A row's parts are visited twice per pass over the columns: once to find the largest lse, once
-// to add the weighted o's (MergeState is two-pass so nothing overflows). Lanes take consecutive
-// columns, so each part's row is read with coalesced loads whatever the head dim; the lse values
-// are the same address for every lane (one broadcast load).
+// The GPU merge of partial states: one warp per output row, the row merge of merge_row.cuh (the
+// same rules as the CPU merge, every kernel's epilogue and the decode kernel's combine), fp32
+// accumulation. Lanes take consecutive columns, so each part's row is read with coalesced loads
+// whatever the head dim; the lse values are the same address for every lane (one broadcast load).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <string>
 
-#include "core/softmax_state.h"
 #include "cuda/common.cuh"
 #include "cuda/merge/merge.h"
+#include "cuda/merge/merge_row.cuh"
 
 namespace flashattn::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kColsPerLane = 4;  // per pass: a warp covers 128 columns, every head dim <= 128 in one
+constexpr int kPartsPerBatch = 8;  // parts whose loads are in flight together (merge_row.cuh)
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -44,29 +42,23 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) merge_kernel(const __grid
 
   // One pass per 128 columns; a row with head_dim 0 still makes one (for its lse).
   for (int64_t x0 = 0; x0 == 0 || x0 < m.head_dim; x0 += 32 * kColsPerLane) {
-    core::MergeState<float> ms;
-    for (int64_t i = 0; i < m.parts; ++i) ms.see(lse[i * m.lp_part]);
-    float acc[kColsPerLane] = {};
-    for (int64_t i = 0; i < m.parts; ++i) {
-      const float w = ms.add_weight(lse[i * m.lp_part]);
-      // An empty part may hold anything (its o is undefined); skipping it keeps 0 * NaN out. A
-      // NaN weight (a part with lse = +inf or NaN, which the decode kernel uses to poison a row
-      // it could not compute) is not skipped and makes the row NaN.
-      if (w == 0.f) continue;
+    const auto lse_of = [&](int64_t i) { return lse[i * m.lp_part]; };
+    const auto load_o = [&](int64_t i, float (&v)[kColsPerLane]) {
       const TIn* oi = o + i * m.op_part;
 #pragma unroll
-      for (int v = 0; v < kColsPerLane; ++v) {
-        const int64_t x = x0 + lane + 32 * v;
-        if (x < m.head_dim) acc[v] += w * to_float(oi[x]);
+      for (int c = 0; c < kColsPerLane; ++c) {
+        const int64_t x = x0 + lane + 32 * c;
+        if (x < m.head_dim) v[c] = to_float(oi[x]);
       }
-    }
-    const float scale = ms.out_scale();
+    };
+    float acc[kColsPerLane];
+    const float merged_lse = merge_row<kColsPerLane, kPartsPerBatch>(m.parts, lse_of, load_o, acc);
 #pragma unroll
-    for (int v = 0; v < kColsPerLane; ++v) {
-      const int64_t x = x0 + lane + 32 * v;
-      if (x < m.head_dim) out[x] = from_float<TOut>(acc[v] * scale);
+    for (int c = 0; c < kColsPerLane; ++c) {
+      const int64_t x = x0 + lane + 32 * c;
+      if (x < m.head_dim) out[x] = from_float<TOut>(acc[c]);
     }
-    if (x0 == 0 && lane == 0 && m.lse != nullptr) m.lse[outer * m.l_outer + inner * m.l_inner + h * m.l_head] = ms.lse();
+    if (x0 == 0 && lane == 0 && m.lse != nullptr) m.lse[outer * m.l_outer + inner * m.l_inner + h * m.l_head] = merged_lse;
   }
 }
 
@@ -88,8 +80,6 @@ void launch_merge(const MergeLaunch& m, cudaStream_t stream) {
   if (in == DType::f16 && out == DType::f16) return launch<__half, __half>(m, stream);
   if (in == DType::bf16 && out == DType::bf16) return launch<__nv_bfloat16, __nv_bfloat16>(m, stream);
   if (in == DType::f32 && out == DType::f32) return launch<float, float>(m, stream);
-  if (in == DType::f32 && out == DType::f16) return launch<float, __half>(m, stream);
-  if (in == DType::f32 && out == DType::bf16) return launch<float, __nv_bfloat16>(m, stream);
   throw Error(Status::unsupported, std::string("merge_states: no GPU merge from ") + dtype_name(in) + " parts to " +
                                        dtype_name(out) + " output");
 }

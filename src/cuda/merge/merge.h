@@ -1,5 +1,5 @@
-// The merge of partial attention states on the GPU, shared by merge_states and by the decode
-// combine step (which merges its split-KV partials with exactly this kernel).
+// The merge of partial attention states on the GPU, for merge_states. Its per-row rules live in
+// merge_row.cuh, which the decode kernel's in-kernel combine of its split-KV partials uses too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,9 +10,7 @@
 
 namespace flashattn::cuda {
 
-// Rows are (outer, inner, head): merge_states has outer = tokens, inner = 1; the decode combine
-// has outer = batch, inner = new token, so one launch covers layouts whose token index is two
-// strided dimensions (out [batch, seqlen_new, heads, d], lse [batch, heads, seqlen_new]).
+// Rows are (outer, inner, head); merge_states has outer = tokens, inner = 1.
 struct MergeLaunch {
   int64_t parts = 0, outer = 0, inner = 0, heads = 0, head_dim = 0;
   DType in_dtype = DType::f32;   // o_parts: f16, bf16 or f32

@@ -1,0 +1,59 @@
+// The merge of one output row's partial states, shared by the merge_states kernel (merge.cu) and
+// the decode kernel's in-kernel combine (decode_kernel.cuh), so both follow the same rules:
+//   * weights from core::MergeState, two passes over the parts' lse (max first: nothing overflows);
+//   * a part of weight 0 is skipped: an empty part's o may hold anything, NaN included;
+//   * a NaN weight is kept and makes the row NaN: a part with lse = +inf (how the decode kernel
+//     poisons a row it could not compute) or NaN.
+// The parts are usually in L2 and one part's load does not depend on another's, so each pass
+// issues the loads of kBatch parts before using any of them: a row costs ceil(parts / kBatch)
+// round trips to memory per pass instead of one per part.
+#pragma once
+
+#include <cstdint>
+
+#include "core/softmax_state.h"
+
+namespace flashattn::cuda {
+
+// lse_of(i): part i's lse. load_o(i, v): part i's kCols values of this thread into v. On return
+// acc holds the merged values (already scaled); the result is the merged lse.
+template <int kCols, int kBatch, class LseOf, class LoadO>
+__device__ __forceinline__ float merge_row(int64_t parts, const LseOf& lse_of, const LoadO& load_o, float (&acc)[kCols]) {
+  core::MergeState<float> ms;
+  for (int64_t i0 = 0; i0 < parts; i0 += kBatch) {
+    float lse[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) lse[j] = i0 + j < parts ? lse_of(i0 + j) : core::neg_inf<float>();
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) ms.see(lse[j]);
+  }
+#pragma unroll
+  for (int v = 0; v < kCols; ++v) acc[v] = 0.f;
+  for (int64_t i0 = 0; i0 < parts; i0 += kBatch) {
+    float lse[kBatch], o[kBatch][kCols];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      lse[j] = core::neg_inf<float>();
+#pragma unroll
+      for (int v = 0; v < kCols; ++v) o[j][v] = 0.f;
+      if (i0 + j < parts) {
+        lse[j] = lse_of(i0 + j);
+        load_o(i0 + j, o[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + j >= parts) continue;
+      const float w = ms.add_weight(lse[j]);
+      if (w == 0.f) continue;
+#pragma unroll
+      for (int v = 0; v < kCols; ++v) acc[v] += w * o[j][v];
+    }
+  }
+  const float scale = ms.out_scale();
+#pragma unroll
+  for (int v = 0; v < kCols; ++v) acc[v] *= scale;
+  return ms.lse();
+}
+
+}  // namespace flashattn::cuda
