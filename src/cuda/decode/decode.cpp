@@ -59,8 +59,20 @@ constexpr int64_t kMinTilesPerSplit = 2;
 // Among the split counts whose estimated time is within this factor of the best, the fewest win:
 // fewer splits mean a smaller workspace and less combine traffic. Measured on the H200 (bf16, 32/8
 // heads, d=128, graph replay): 0.95 instead of 0.85 filled 256 rather than 224 CTA slots at b=1
-// kv=131072 (3258 -> 3439 GB/s) and kv=32768 (2131 -> 2170); other anchor rows unchanged.
+// kv=131072 (3258 -> 3439 GB/s); other anchor rows unchanged.
 constexpr double kNearBest = 0.95;
+// Whether to plan for one CTA per SM or for every resident slot (two per SM at d = 128). One CTA
+// (four warps, one per scheduler, so its own latencies are exposed) streamed a 64-key tile in about
+// 1.34 us on the H200, with about 17.5 us per step on top; two per SM streamed a tile per ~1.0 us
+// per SM, but the part that does not grow with the cache was ~28 us. Measured at b=1 (bf16, 32/8
+// heads, d=128, graph replay; bench/results/h200_decode_splits_2026-11-29.txt and
+// h200_decode_2026-11-29.txt), one per SM against two, in GB/s:
+//   kv=8192   (8 tiles per SM):  contiguous 1198 vs 957, pages of 16: 1066 vs 932;
+//   kv=32768  (32 tiles per SM): contiguous 2210 vs 2147, pages of 16: 1862 vs 2055, of 256: 2050 vs 2112;
+//   kv=131072 (128 tiles per SM): contiguous 2848 vs 3460.
+// Paged caches need the second CTA sooner (its work hides the block-table lookups), so the line is
+// drawn below 32 tiles per SM.
+constexpr int64_t kTwoPerSmTiles = 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t align256(int64_t x) { return ceil_div(x, 256) * 256; }
@@ -83,10 +95,11 @@ struct WorkspaceLayout {
 
 }  // namespace
 
-int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t slots) {
+int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t num_sms,
+                             int64_t ctas_per_sm) {
   if (p.num_splits > 0) return p.num_splits;
   const int64_t units = p.batch * p.heads_kv * row_tiles(p);
-  if (units == 0 || slots <= 0) return 1;
+  if (units == 0 || num_sms <= 0 || ctas_per_sm <= 0) return 1;
   // Keys one CTA may visit: all of a sequence's, or with a left window the window's reach plus the
   // new tokens (and a right window, or the rest of the sequence).
   const int64_t keys = max_cache_seqlen + (p.append ? p.seqlen_new : 0);
@@ -94,6 +107,8 @@ int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seql
   if (p.window_left >= 0) span = std::min(keys, p.window_left + p.seqlen_new + (p.window_right >= 0 ? p.window_right : keys));
   const int64_t tiles = std::max<int64_t>(1, ceil_div(span, kBlockN) + (p.window_left >= 0 ? 1 : 0));
   const int64_t max_splits = std::clamp<int64_t>(tiles / kMinTilesPerSplit, 1, kMaxSplits);
+  // The tiles each SM would stream with the work spread evenly decide how many CTAs it should hold.
+  const int64_t slots = ceil_div(units * tiles, num_sms) > kTwoPerSmTiles ? num_sms * ctas_per_sm : num_sms;
   // Time model: each CTA streams `per` tiles; CTAs run in waves of `slots`. Time ~ waves * per.
   auto time_of = [&](int64_t s) {
     const int64_t per = ceil_div(tiles, s), busy = ceil_div(tiles, per);
@@ -115,8 +130,7 @@ int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits) {
 void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms) {
   const DecodeVariant& v = select_variant(p, cc);
   const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_new;
-  const int64_t slots = int64_t(num_sms) * v.ctas_per_sm(decode_rows_per_cta(rows));
-  plan.num_splits = choose_decode_splits(p, plan.max_cache_seqlen, slots);
+  plan.num_splits = choose_decode_splits(p, plan.max_cache_seqlen, num_sms, v.ctas_per_sm(decode_rows_per_cta(rows)));
   plan.workspace_bytes = decode_workspace_bytes(p, plan.num_splits);
 }
 

@@ -47,9 +47,11 @@ int decode_ctas_per_sm(int rows_per_cta);
 
 // ---- host side (decode.cpp) ----------------------------------------------------------------------
 
-// The split count for a plan: p.num_splits when set, else the fewest splits whose grid fills
-// `slots` (= SMs x resident CTAs per SM) nearly as well as any split count could.
-int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t slots);
+// The split count for a plan: p.num_splits when set, else the fewest splits whose grid fills the
+// GPU nearly as well as any split count could: one CTA per SM for short caches, every resident
+// slot (SMs x ctas_per_sm) for long ones (decode.cpp says where the line is and why).
+int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t num_sms,
+                             int64_t ctas_per_sm);
 int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits);
 // Fills plan.num_splits and plan.workspace_bytes for the current device (compute capability cc).
 void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms);
