@@ -33,10 +33,10 @@ using E = __nv_bfloat16;
   } while (0)
 
 template <int BN, int WG, int ST, bool PP>
-void time_config(const fa::core::ForwardParams& p, bool causal) {
+void time_config(const fa::core::ForwardParams& p, bool causal, bool dynamic = false) {
   using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, E, BN, WG, ST, PP>;
   auto run = [&] {
-    if (!fa::cuda::launch_forward_hopper<T>(p, nullptr)) {
+    if (!fa::cuda::launch_forward_hopper<T>(p, nullptr, dynamic)) {
       std::printf("TMA map rejected\n");
       std::exit(1);
     }
@@ -60,13 +60,13 @@ void time_config(const fa::core::ForwardParams& p, bool causal) {
   const double med = ms[ms.size() / 2];
   const double tflops =
       fa::core::forward_flops(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, p.head_dim, causal) / (med * 1e-3) / 1e12;
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d wgs=%d stages=%d pingpong=%d  %7.3f ms  %6.1f TFLOP/s\n", SWEEP_HDIM,
-              int(causal), long(p.seqlen_q), BN, WG, ST, int(PP), med, tflops);
+  std::printf("d=%d causal=%d s=%5ld  block_n=%3d wgs=%d stages=%d pingpong=%d dynamic=%d  %7.3f ms  %6.1f TFLOP/s\n",
+              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, WG, ST, int(PP), int(dynamic), med, tflops);
 }
 
 int main() {
   const int64_t d = SWEEP_HDIM, h = 2048 / d;
-  for (int64_t s : {2048, 8192})
+  for (int64_t s : {2048, 8192, 16384})
     for (bool causal : {false, true}) {
       const int64_t b = 16384 / s;
       const size_t n = size_t(b * s * h * d);
@@ -99,21 +99,23 @@ int main() {
       p.q_s = p.k_s = p.v_s = p.o_s = st;
       p.lse_s = {h * s, s, 1};
 #if SWEEP_HDIM == 64
-      time_config<128, 3, 2, true>(p, causal);
-      time_config<128, 2, 2, true>(p, causal);
-      time_config<128, 2, 2, false>(p, causal);
-      time_config<176, 2, 2, true>(p, causal);
-      time_config<192, 2, 2, true>(p, causal);
+      if (!causal) {
+        time_config<128, 3, 2, true>(p, causal);
+      } else {
+        time_config<128, 2, 2, false>(p, causal, true);
+        time_config<128, 2, 2, false>(p, causal);
+        time_config<128, 2, 2, true>(p, causal, true);
+        time_config<128, 3, 2, false>(p, causal, true);
+        time_config<128, 3, 2, true>(p, causal, true);
+      }
 #elif SWEEP_HDIM == 128
-      time_config<128, 2, 2, true>(p, causal);
-      time_config<128, 2, 2, false>(p, causal);
-      time_config<112, 2, 2, true>(p, causal);
-      time_config<176, 2, 2, true>(p, causal);
+      time_config<128, 2, 2, true>(p, causal, causal);
+      time_config<128, 2, 2, false>(p, causal, causal);
+      if (causal) time_config<128, 2, 2, true>(p, causal);
 #else
-      time_config<80, 2, 2, true>(p, causal);
-      time_config<80, 2, 2, false>(p, causal);
-      time_config<64, 2, 2, true>(p, causal);
-      time_config<64, 2, 2, false>(p, causal);
+      time_config<80, 2, 2, true>(p, causal, causal);
+      time_config<80, 2, 2, false>(p, causal, causal);
+      if (causal) time_config<80, 2, 2, true>(p, causal);
 #endif
       for (E* ptr : {q, k, v, o}) cudaFree(ptr);
       cudaFree(lse);

@@ -20,6 +20,8 @@ for step in "${steps[@]}"; do
         ${HDIMS:+-DFLASHATTN_HDIMS="$HDIMS"} ${DTYPES:+-DFLASHATTN_DTYPES="$DTYPES"} -DFLASHATTN_BUILD_TOOLS=OFF > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
       cmake --build $BUILD -j16 --target flashattn flashattn_gpu_tests > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
       grep -E "spill" "$OUT/build.log" | sort | uniq -c | head -20
+      # ptxas serializing wgmmas (C7520) costs the Hopper kernels most of their speed: say so.
+      grep -E "C7520" "$OUT/build.log" | sort | uniq -c | head -5
       ;;
     test)
       ./$BUILD/tests/flashattn_gpu_tests ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} > "$OUT/gpu_tests.log" 2>&1 || status=1

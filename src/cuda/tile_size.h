@@ -87,23 +87,33 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 
 // Hopper forward (src/cuda/sm90/fwd_kernel.cuh): consumer_wgs warpgroups of 64 query rows each
 // (block_m = 64 * consumer_wgs) plus one producer warpgroup; K/V tiles of block_n keys in a ring
-// of `stages`. Per consumer thread: S block_n/2 fp32, P block_n/4 b32, O head_dim/2 fp32. Shared
-// memory: Q block_m*d + K, V 2*stages*block_n*d (2 bytes each) <= 227 KB. Shapes follow
-// FlashAttention-3's table (hopper/tile_size.h) where our registers allow, to be re-measured:
-//   d=64:  3 warpgroups (block_m 192) x 128 keys: S 64 + P 32 + O 32 regs fit the 160 each of
-//          three consumer warpgroups get; 24 + 4*16 = 88 KB;
-//   d=128: 2 x 128: S 64 + P 32 + O 64 within 240 regs; 32 + 4*32 = 160 KB;
-//   d=256: 2 x 80: O alone is 128 regs; 64 + 4*40 = 224 KB, the most that fits.
-// ping_pong: the consumer warpgroups take turns issuing GEMMs (see the kernel).
+// of `stages`. Per consumer thread: S block_n/2 fp32, P block_n/4 b32, O head_dim/2 fp32, within
+// 240 registers (2 consumer warpgroups) or 160 (3). Shared memory: Q block_m*d + K, V
+// 2*stages*block_n*d (+ an O buffer of block_m*d where it fits), 2 bytes each, <= 227 KB.
+// ping_pong: the consumer warpgroups take turns issuing GEMMs. One CTA per SM walks the tiles;
+// dynamic: CTAs draw their next tile from a counter (causal tiles differ in length, and a static
+// stride left some SMs with several times the work of others), else a static stride.
+// Entries from bench/hopper_tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048, s = 2k, 8k
+// and 16k; 2026-11-29, bench/results/h200_hopper_sweep_dynamic_2026-11-29.txt), TFLOP/s at 2k/8k/16k:
+//   d=64:  non-causal 3 x 128 with ping-pong (443/483/489; 2 warpgroups gave 406-445 in an earlier
+//          sweep); causal 3 x 128, dynamic, no ping-pong (339/439/445; 2 warpgroups 328/429/442,
+//          with ping-pong 323/431/451); 3 warpgroups get 160 registers each and spill a little;
+//   d=128: 2 x 128 with ping-pong (602/611/619; 517/553/580 without); causal dynamic (457/602/586
+//          against 451/547/531 static); block_n 112 and 176 were slower (176 spills);
+//   d=256: 2 x 80 (block_n 64: 548/635 in an earlier sweep); non-causal with ping-pong
+//          (685/716/717; 628/699/729 without), causal dynamic without (498/621/704; static
+//          485/572/470). O does not fit beside Q, K and V (224 KB), so it is written from the
+//          accumulators.
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
   int stages;
   bool ping_pong;
+  bool dynamic;
 };
 
-constexpr HopperFwdTile hopper_fwd_tile(int head_dim) {
-  if (head_dim <= 64) return {128, 3, 2, true};
-  if (head_dim <= 128) return {128, 2, 2, true};
-  return {80, 2, 2, true};
+constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
+  if (head_dim <= 64) return {128, 3, 2, !causal, causal};
+  if (head_dim <= 128) return {128, 2, 2, true, causal};
+  return {80, 2, 2, !causal, causal};
 }

@@ -228,6 +228,24 @@ TEST_F(GpuForward, GroupedQueryHeads) {
   }
 }
 
+// More causal tiles than an H200 has SMs (240 at d=64, 128-row tiles): the Hopper path's CTAs then
+// draw tiles from a counter, so every tile must be taken exactly once.
+TEST_F(GpuForward, ManyCausalTilesAcrossSms) {
+  uint32_t seed = 350;
+  for (int64_t window : {int64_t(-1), int64_t(200)}) {
+    Case c;
+    c.batch = 3;
+    c.heads_q = 16;
+    c.heads_kv = 4;
+    c.seqlen_q = 520;
+    c.seqlen_k = 600;
+    c.causal = true;
+    c.window_left = window;
+    c.head_dim = 64;
+    check_case(c, seed++);
+  }
+}
+
 TEST_F(GpuForward, VarlenWithEmptySequences) {
   uint32_t seed = 400;
   for (bool causal : {false, true})

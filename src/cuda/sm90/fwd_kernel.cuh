@@ -17,9 +17,10 @@
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
 //     cores. Key tiles are visited from the last to the first, so the masked
 //     (diagonal) tiles of a causal row come first and the mask test is a uniform branch per tile.
-//   * epilogue: O / l through shared memory (its own buffer where it fits, else the Q tile's
-//     space; swizzled, so free of bank conflicts) to a TMA store (fixed-length batches) or 16-byte
-//     global stores bounded by the sequence (varlen); lse written once.
+//   * epilogue: O / l through its own shared-memory buffer where it fits (swizzled, so free of bank
+//     conflicts) to a TMA store (fixed-length batches) or 16-byte global stores bounded by the
+//     sequence (varlen); where it does not fit (d = 256), straight from the accumulators. lse is
+//     written once.
 // Shared-memory tiles use the 128-byte swizzle that TMA writes and wgmma reads: a row of head_dim
 // elements is split into 64-element (128-byte) column blocks stored one after the other.
 #pragma once
@@ -46,6 +47,9 @@ struct FwdParams {
   core::ForwardParams p;
   TileScheduler sched;
   bool tma_store;  // O leaves through `to` (fixed-length batches); else 16-byte stores
+  // Dynamic scheduling (causal): CTAs take their next tile from this zeroed counter, so the
+  // uneven tiles balance across SMs; null = static stride.
+  int* tile_counter;
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_>
@@ -69,7 +73,9 @@ struct FwdTraits {
   // Named barrier ids (0 is __syncthreads): turns of the ping-pong ring, then the epilogue's.
   static constexpr int kTurnBarrier = 1;
   static constexpr int kEpilogueBarrier = kTurnBarrier + kConsumerWGs;
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
+  // mbarriers: Q full/empty, K and V full/empty per stage, tile-index slots full/empty (2 each);
+  // then the 2 tile-index slots.
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + 4) + 8;
   // Tiles start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 bytes and the
   // descriptors assume it starts on such a boundary); the slack covers aligning the dynamic base.
   static constexpr int kSmemNoO = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
@@ -133,9 +139,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   unsigned char* sQ = smem;
   unsigned char* sK = sQ + T::kQBytes;
   unsigned char* sV = sK + S * T::kKVBytes;
-  // O is staged in its own buffer where shared memory allows (the next tile's Q can then load
-  // during the epilogue), else in the Q tile's space.
-  unsigned char* sO = T::kSeparateO ? sV + S * T::kKVBytes : sQ;
+  // O is staged in its own buffer where shared memory allows; else it goes straight from
+  // registers to global memory. Either way Q's space is free for the next tile during the epilogue.
+  unsigned char* sO = sV + S * T::kKVBytes;
   uint64_t* bar = reinterpret_cast<uint64_t*>(sV + S * T::kKVBytes + (T::kSeparateO ? T::kQBytes : 0));
   uint64_t* q_full = bar;
   uint64_t* q_empty = bar + 1;
@@ -143,6 +149,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   uint64_t* k_empty = k_full + S;
   uint64_t* v_full = k_empty + S;
   uint64_t* v_empty = v_full + S;
+  uint64_t* tile_full = v_empty + S;
+  uint64_t* tile_empty = tile_full + 2;
+  int* tile_slot = reinterpret_cast<int*>(tile_empty + 2);
+  const bool dynamic = P.tile_counter != nullptr;
 
   if (threadIdx.x == 0) {
     ptx::thread_mbarrier_init(q_full, 1);
@@ -153,12 +163,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       ptx::thread_mbarrier_init(&k_empty[s], T::kConsumerWGs);
       ptx::thread_mbarrier_init(&v_empty[s], T::kConsumerWGs);
     }
+    for (int s = 0; s < 2; ++s) {
+      ptx::thread_mbarrier_init(&tile_full[s], 1);
+      ptx::thread_mbarrier_init(&tile_empty[s], 128 * T::kConsumerWGs);
+    }
     ptx::thread_fence_mbarrier_init();
   }
   __syncthreads();
 
   // Both roles walk the same tiles and count loaded Q tiles (qt) and K/V tiles (it) the same way,
-  // so ring stages and barrier phases continue across work tiles.
+  // so ring stages and barrier phases continue across work tiles. The j-th tile of a CTA is
+  // blockIdx.x + j * gridDim.x (static), or, when dynamic, the producer draws it from the counter
+  // and hands it to the consumers through a 2-slot ring in shared memory (the mbarrier's
+  // arrive/wait order the slot's write and reads).
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     // ---- producer ----
@@ -168,12 +185,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       ptx::thread_prefetch_tensormap(&P.tk);
       ptx::thread_prefetch_tensormap(&P.tv);
       int it = 0, qt = 0;
-      for (int idx = blockIdx.x; idx < sched.num_tiles(); idx += gridDim.x) {
+      for (int j = 0, idx = blockIdx.x;; ++j) {
+        if (j > 0) idx = dynamic ? int(gridDim.x) + atomicAdd(P.tile_counter, 1) : idx + int(gridDim.x);
+        if (dynamic) {
+          ptx::thread_mbarrier_wait(&tile_empty[j % 2], (uint32_t(j / 2) & 1u) ^ 1u);
+          tile_slot[j % 2] = idx;
+          ptx::thread_mbarrier_arrive(&tile_full[j % 2]);
+        }
+        if (idx >= sched.num_tiles()) break;
         const WorkTile w = work_tile<BM, BN>(p, sched, idx);
         if (w.count <= 0) continue;
         const int tma_b = varlen ? 0 : w.b;
-        // Q waits until the consumers are done with the previous tile's Q (and, when O is staged
-        // there, with its epilogue).
+        // Q waits until the consumers' GEMMs are done with the previous tile's Q.
         ptx::thread_mbarrier_wait(q_empty, (uint32_t(qt) & 1u) ^ 1u);
         ptx::thread_mbarrier_arrive_expect_tx(q_full, T::kQBytes);
 #pragma unroll
@@ -220,7 +243,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   const uint64_t q_desc = ptx::make_smem_desc_sw128(sQ + cwg * 64 * 128, 16, 1024);
 
   int it = 0, qt = 0;
-  for (int idx = blockIdx.x; idx < sched.num_tiles(); idx += gridDim.x) {
+  for (int j = 0;; ++j) {
+    int idx = int(blockIdx.x) + j * int(gridDim.x);
+    if (dynamic) {
+      ptx::thread_mbarrier_wait(&tile_full[j % 2], uint32_t(j / 2) & 1u);
+      // Broadcast from lane 0 so the compiler sees a warp-uniform index: branches on it then
+      // stay uniform, and ptxas keeps the wgmmas in them asynchronous.
+      idx = __shfl_sync(0xffffffffu, tile_slot[j % 2], 0);
+      ptx::thread_mbarrier_arrive(&tile_empty[j % 2]);
+    }
+    if (idx >= sched.num_tiles()) break;
     const WorkTile w = work_tile<BM, BN>(p, sched, idx);
     if (w.rows_valid == 0) continue;
     const int count = w.count;
@@ -331,6 +363,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     auto turn_pass = [&] {
       if constexpr (T::kPingPong) ptx::thread_named_arrive(T::kTurnBarrier + (cwg + 1) % T::kConsumerWGs, 256);
     };
+    // Registers a wgmma reads or accumulates into must be written before the warpgroup fence that
+    // precedes it; pinning them there keeps the compiler from sinking those writes past the fence
+    // (ptxas would then insert its own fence and serialize the wgmmas).
+    auto fence_operands = [&] {
+#pragma unroll
+      for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
+      ptx::thread_pin(pf);
+      ptx::warpgroup_fence();
+    };
     // One thread per consumer warpgroup releases a stage once the warpgroup's wgmmas on it are
     // done (wgmma.wait_group covers the whole warpgroup's operations).
     auto release = [&](uint64_t* empty) {
@@ -346,7 +387,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         float s[BN / 2];
         ptx::thread_mbarrier_wait(&k_full[stage], uint32_t(it / S) & 1u);
         turn_wait();
-        ptx::warpgroup_fence();
+        fence_operands();
         issue_s(s, stage);
         ptx::warpgroup_commit();
         turn_pass();
@@ -362,7 +403,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         float s[BN / 2];
         ptx::thread_mbarrier_wait(&k_full[cur % S], uint32_t(cur / S) & 1u);
         turn_wait();
-        ptx::warpgroup_fence();
+        fence_operands();
         issue_s(s, cur % S);
         ptx::warpgroup_commit();
         ptx::thread_mbarrier_wait(&v_full[prev % S], uint32_t(prev / S) & 1u);
@@ -386,7 +427,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         const int last = it + count - 1;
         ptx::thread_mbarrier_wait(&v_full[last % S], uint32_t(last / S) & 1u);
         turn_wait();
-        ptx::warpgroup_fence();
+        fence_operands();
         issue_pv(last % S);
         ptx::warpgroup_commit();
         turn_pass();
@@ -399,8 +440,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       if (cwg == 0) turn_wait();
       it += count;
       ++qt;
-      // With O staged elsewhere, Q is free as soon as this warpgroup's GEMMs are done.
-      if (T::kSeparateO) release(q_empty);
+      release(q_empty);  // this warpgroup's GEMMs are done with Q
     }
 
     // ---- epilogue: O = o~ / l (0 for rows that saw nothing) and lse, written once.
@@ -414,13 +454,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         static_cast<float*>(p.lse)[p.lse_s.offset(w.b, w.q0 + w.r0 + row, w.h)] = core::finalize_lse(row_max[rr], l);
     }
     E* out = static_cast<E*>(p.out);
-    if (count == 0) {
-      // Nothing was loaded (Q's space may be filling with the next tile): zeros straight out.
+    if constexpr (!T::kSeparateO) {
+      // Element pairs straight from the accumulators: a quad writes 16 contiguous bytes per row.
 #pragma unroll
-      for (int i = 0; i < D / 2; i += 2) {
-        const int row = row_a + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t;
-        if (row < w.rows_valid) *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) = 0u;
-      }
+      for (int part = 0; part < T::kPvParts; ++part)
+#pragma unroll
+        for (int i = 0; i < T::kPvN / 2; i += 2) {
+          const int row = row_a + 8 * ((i >> 1) & 1);
+          const int col = part * T::kPvN + 8 * (i >> 2) + 2 * t;
+          const float f = inv[(i >> 1) & 1];
+          if (row < w.rows_valid)
+            *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) =
+                ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f);
+        }
       continue;
     }
     // Staged through shared memory in the swizzled layout (bank-conflict free, and what a TMA
@@ -458,15 +504,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         *reinterpret_cast<uint4*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + chunk * 8) = v;
       }
     }
-    if (!T::kSeparateO) {
-      // O was staged in Q's space: the producer may refill it once the stores have read it.
-      if (tid == 0) ptx::thread_bulk_wait_read_all();
-      ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
-      release(q_empty);
-    }
   }
   // Shared memory must outlive the bulk stores that read it.
-  if (tid == 0) ptx::thread_bulk_wait_all();
+  if (T::kSeparateO && tid == 0) ptx::thread_bulk_wait_all();
 #endif
 }
 

@@ -13,9 +13,10 @@
 
 namespace flashattn::cuda {
 
-// Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes).
+// Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes):
+// one CTA per SM walking the tiles, by static stride or (dynamic) drawing them from a counter.
 template <class T>
-bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
+bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bool dynamic) {
   constexpr int kHeadDim = T::kHeadDim;
   sm90::FwdParams P{};
   P.p = p;
@@ -61,17 +62,30 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(forward, shared memory)");
   const unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
+  // The counter is stream-ordered memory (no host synchronization; capturable in a graph).
+  P.tile_counter = nullptr;
+  if (dynamic && tiles > grid) {
+    check(cudaMallocAsync(reinterpret_cast<void**>(&P.tile_counter), sizeof(int), stream),
+          "cudaMallocAsync(forward tile counter)");
+    check(cudaMemsetAsync(P.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(forward tile counter)");
+  }
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
-  check_launch("flashattn forward kernel (Hopper path)");
+  const cudaError_t launched = cudaGetLastError();
+  if (P.tile_counter != nullptr) check(cudaFreeAsync(P.tile_counter, stream), "cudaFreeAsync(forward tile counter)");
+  check(launched, "flashattn forward kernel (Hopper path)");
   return true;
 }
 
 template <int kHeadDim, class Element, int kArch>
 bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
   static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
-  constexpr HopperFwdTile tile = hopper_fwd_tile(kHeadDim);
-  return launch_forward_hopper<
-      sm90::FwdTraits<kHeadDim, Element, tile.block_n, tile.consumer_wgs, tile.stages, tile.ping_pong>>(p, stream);
+  // Causal and windowed problems (a right bound) have their own entries: see tile_size.h.
+  constexpr HopperFwdTile a = hopper_fwd_tile(kHeadDim, false), c = hopper_fwd_tile(kHeadDim, true);
+  if (p.window_right >= 0)
+    return launch_forward_hopper<sm90::FwdTraits<kHeadDim, Element, c.block_n, c.consumer_wgs, c.stages, c.ping_pong>>(
+        p, stream, c.dynamic);
+  return launch_forward_hopper<sm90::FwdTraits<kHeadDim, Element, a.block_n, a.consumer_wgs, a.stages, a.ping_pong>>(
+      p, stream, a.dynamic);
 }
 
 }  // namespace flashattn::cuda
