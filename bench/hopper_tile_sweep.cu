@@ -32,9 +32,9 @@ using E = __nv_bfloat16;
     }                                                              \
   } while (0)
 
-template <int BN, int WG, int ST, bool PP>
+template <int BN, int WG, int ST, bool PP, int QS = 1>
 void time_config(const fa::core::ForwardParams& p, bool causal, bool dynamic = false) {
-  using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, E, BN, WG, ST, PP>;
+  using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, E, BN, WG, ST, PP, QS>;
   auto run = [&] {
     if (!fa::cuda::launch_forward_hopper<T>(p, nullptr, dynamic)) {
       std::printf("TMA map rejected\n");
@@ -60,8 +60,8 @@ void time_config(const fa::core::ForwardParams& p, bool causal, bool dynamic = f
   const double med = ms[ms.size() / 2];
   const double tflops =
       fa::core::forward_flops(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, p.head_dim, causal) / (med * 1e-3) / 1e12;
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d wgs=%d stages=%d pingpong=%d dynamic=%d  %7.3f ms  %6.1f TFLOP/s\n",
-              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, WG, ST, int(PP), int(dynamic), med, tflops);
+  std::printf("d=%d causal=%d s=%5ld  block_n=%3d wgs=%d stages=%d pingpong=%d dynamic=%d q_stages=%d  %7.3f ms  %6.1f TFLOP/s\n",
+              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, WG, ST, int(PP), int(dynamic), QS, med, tflops);
 }
 
 int main() {
@@ -99,23 +99,15 @@ int main() {
       p.q_s = p.k_s = p.v_s = p.o_s = st;
       p.lse_s = {h * s, s, 1};
 #if SWEEP_HDIM == 64
-      if (!causal) {
-        time_config<128, 3, 2, true>(p, causal);
-      } else {
-        time_config<128, 2, 2, false>(p, causal, true);
-        time_config<128, 2, 2, false>(p, causal);
-        time_config<128, 2, 2, true>(p, causal, true);
-        time_config<128, 3, 2, false>(p, causal, true);
-        time_config<128, 3, 2, true>(p, causal, true);
-      }
+      time_config<128, 3, 2, true>(p, causal, causal);
+      time_config<128, 3, 2, true, 2>(p, causal, causal);
+      time_config<128, 3, 2, false, 2>(p, causal, causal);
 #elif SWEEP_HDIM == 128
       time_config<128, 2, 2, true>(p, causal, causal);
-      time_config<128, 2, 2, false>(p, causal, causal);
-      if (causal) time_config<128, 2, 2, true>(p, causal);
+      time_config<128, 2, 2, true, 2>(p, causal, causal);
 #else
       time_config<80, 2, 2, true>(p, causal, causal);
       time_config<80, 2, 2, false>(p, causal, causal);
-      if (causal) time_config<80, 2, 2, true>(p, causal);
 #endif
       for (E* ptr : {q, k, v, o}) cudaFree(ptr);
       cudaFree(lse);

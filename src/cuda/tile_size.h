@@ -104,16 +104,21 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 //          (685/716/717; 628/699/729 without), causal dynamic without (498/621/704; static
 //          485/572/470). O does not fit beside Q, K and V (224 KB), so it is written from the
 //          accumulators.
+// A second Q stage (the next tile's Q loading during this one) did not pay: d=128 601/605/620
+// with one stage against 581/612/617 with two (causal 463/577/578 against 440/569/584), d=64
+// within 3% either way (run of 2026-11-29 14:2x; its side-by-side log with two stages is
+// bench/results/h200_hopper_fwd_qstages2_2026-11-29.txt).
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
   int stages;
   bool ping_pong;
   bool dynamic;
+  int q_stages;  // 2: the next tile's Q loads during this one's last steps (needs the O buffer)
 };
 
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
-  if (head_dim <= 64) return {128, 3, 2, !causal, causal};
-  if (head_dim <= 128) return {128, 2, 2, true, causal};
-  return {80, 2, 2, !causal, causal};
+  if (head_dim <= 64) return {128, 3, 2, !causal, causal, 1};
+  if (head_dim <= 128) return {128, 2, 2, true, causal, 1};
+  return {80, 2, 2, !causal, causal, 1};
 }

@@ -52,7 +52,8 @@ struct FwdParams {
   int* tile_counter;
 };
 
-template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_>
+template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
+          int kQStages_ = 1>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -60,6 +61,7 @@ struct FwdTraits {
   static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr int kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kQStages = kQStages_;  // 2: the next tile's Q loads while this one runs
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle spans per row
@@ -73,15 +75,16 @@ struct FwdTraits {
   // Named barrier ids (0 is __syncthreads): turns of the ping-pong ring, then the epilogue's.
   static constexpr int kTurnBarrier = 1;
   static constexpr int kEpilogueBarrier = kTurnBarrier + kConsumerWGs;
-  // mbarriers: Q full/empty, K and V full/empty per stage, tile-index slots full/empty (2 each);
-  // then the 2 tile-index slots.
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + 4) + 8;
+  // mbarriers: Q full/empty per Q stage, K and V full/empty per stage, tile-index slots
+  // full/empty (2 each); then the 2 tile-index slots.
+  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages + 4) + 8;
   // Tiles start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 bytes and the
   // descriptors assume it starts on such a boundary); the slack covers aligning the dynamic base.
-  static constexpr int kSmemNoO = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static constexpr int kSmemNoO = 1024 + kQStages * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static constexpr bool kSeparateO = kSmemNoO + kQBytes <= 227 * 1024;
   static constexpr int kSmemBytes = kSmemNoO + (kSeparateO ? kQBytes : 0);
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
+  static_assert(kQStages == 1 || (kQStages == 2 && kSeparateO), "a second Q stage needs the O buffer too");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -137,15 +140,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* sQ = smem;
-  unsigned char* sK = sQ + T::kQBytes;
+  unsigned char* sK = sQ + T::kQStages * T::kQBytes;
   unsigned char* sV = sK + S * T::kKVBytes;
   // O is staged in its own buffer where shared memory allows; else it goes straight from
   // registers to global memory. Either way Q's space is free for the next tile during the epilogue.
   unsigned char* sO = sV + S * T::kKVBytes;
   uint64_t* bar = reinterpret_cast<uint64_t*>(sV + S * T::kKVBytes + (T::kSeparateO ? T::kQBytes : 0));
   uint64_t* q_full = bar;
-  uint64_t* q_empty = bar + 1;
-  uint64_t* k_full = bar + 2;
+  uint64_t* q_empty = bar + T::kQStages;
+  uint64_t* k_full = bar + 2 * T::kQStages;
   uint64_t* k_empty = k_full + S;
   uint64_t* v_full = k_empty + S;
   uint64_t* v_empty = v_full + S;
@@ -155,8 +158,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   const bool dynamic = P.tile_counter != nullptr;
 
   if (threadIdx.x == 0) {
-    ptx::thread_mbarrier_init(q_full, 1);
-    ptx::thread_mbarrier_init(q_empty, T::kConsumerWGs);
+    for (int s = 0; s < T::kQStages; ++s) {
+      ptx::thread_mbarrier_init(&q_full[s], 1);
+      ptx::thread_mbarrier_init(&q_empty[s], T::kConsumerWGs);
+    }
     for (int s = 0; s < S; ++s) {
       ptx::thread_mbarrier_init(&k_full[s], 1);
       ptx::thread_mbarrier_init(&v_full[s], 1);
@@ -197,11 +202,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         if (w.count <= 0) continue;
         const int tma_b = varlen ? 0 : w.b;
         // Q waits until the consumers' GEMMs are done with the previous tile's Q.
-        ptx::thread_mbarrier_wait(q_empty, (uint32_t(qt) & 1u) ^ 1u);
-        ptx::thread_mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+        const int qs = qt % T::kQStages;
+        ptx::thread_mbarrier_wait(&q_empty[qs], (uint32_t(qt / T::kQStages) & 1u) ^ 1u);
+        ptx::thread_mbarrier_arrive_expect_tx(&q_full[qs], T::kQBytes);
 #pragma unroll
         for (int c = 0; c < T::kColBlocks; ++c)
-          ptx::thread_tma_load_4d(sQ + c * BM * 128, &P.tq, q_full, 64 * c, int(w.q0 + w.r0), w.h, tma_b);
+          ptx::thread_tma_load_4d(sQ + qs * T::kQBytes + c * BM * 128, &P.tq, &q_full[qs], 64 * c, int(w.q0 + w.r0), w.h,
+                                  tma_b);
         ++qt;
         for (int i = 0; i < w.count; ++i, ++it) {
           const int stage = it % S;
@@ -240,7 +247,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   // Descriptors are built once and stepped by adding constant byte offsets / 16 to the
   // start-address field (shared addresses stay below 256 KB, so the field never carries), which
   // keeps the compiler from holding one 64-bit descriptor per k-step in registers.
-  const uint64_t q_desc = ptx::make_smem_desc_sw128(sQ + cwg * 64 * 128, 16, 1024);
+  const uint64_t q_desc0 = ptx::make_smem_desc_sw128(sQ + cwg * 64 * 128, 16, 1024);
 
   int it = 0, qt = 0;
   for (int j = 0;; ++j) {
@@ -256,6 +263,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     const WorkTile w = work_tile<BM, BN>(p, sched, idx);
     if (w.rows_valid == 0) continue;
     const int count = w.count;
+    const int qs = qt % T::kQStages;
+    const uint64_t q_desc = q_desc0 + uint64_t((qs * T::kQBytes) >> 4);
 
     // The mask in 32-bit registers (sequence lengths fit int32, as cu_seqlens do): each row's
     // visible keys [key_lo, key_hi) and the key tiles that need no mask.
@@ -380,7 +389,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
 
     if (count > 0) {
       if (cwg == T::kConsumerWGs - 1) turn_pass();
-      ptx::thread_mbarrier_wait(q_full, uint32_t(qt) & 1u);
+      ptx::thread_mbarrier_wait(&q_full[qs], uint32_t(qt / T::kQStages) & 1u);
       {
         // Prologue: the first (last-in-order) key tile's scores and softmax; O is still empty.
         const int stage = it % S;
@@ -440,7 +449,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       if (cwg == 0) turn_wait();
       it += count;
       ++qt;
-      release(q_empty);  // this warpgroup's GEMMs are done with Q
+      release(&q_empty[qs]);  // this warpgroup's GEMMs are done with Q
     }
 
     // ---- epilogue: O = o~ / l (0 for rows that saw nothing) and lse, written once.
