@@ -106,7 +106,7 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 //          accumulators.
 // A second Q stage (the next tile's Q loading during this one) did not pay: d=128 601/605/620
 // with one stage against 581/612/617 with two (causal 463/577/578 against 440/569/584), d=64
-// within 3% either way (run of 2026-11-29 14:2x; its side-by-side log with two stages is
+// within 3% either way (H200, 2026-11-29; the side-by-side log with two stages is
 // bench/results/h200_hopper_fwd_qstages2_2026-11-29.txt).
 struct HopperFwdTile {
   int block_n;
