@@ -149,4 +149,15 @@ TEST(CAbi, CudaTensorsWithoutCudaAreUnsupported) {
   EXPECT_NE(std::string(flashattn_last_error()).find("without CUDA"), std::string::npos) << flashattn_last_error();
 }
 
+TEST(CAbi, LastGpuKernelIsEmptyWhereNoGpuKernelRan) {
+  // CPU calls leave it alone: a thread that never reached a GPU kernel reports "" in both APIs.
+  float q[64] = {}, out[64];
+  flashattn::ForwardArgs a;
+  a.q = a.k = a.v = flashattn::TensorView::contiguous(q, flashattn::DType::f32, {1, 2, 1, 32});
+  a.out = flashattn::TensorView::contiguous(out, flashattn::DType::f32, {1, 2, 1, 32});
+  flashattn::forward(a);
+  EXPECT_EQ(flashattn::last_gpu_kernel(), "");
+  EXPECT_STREQ(flashattn_last_gpu_kernel(), "");
+}
+
 }  // namespace
