@@ -60,6 +60,7 @@ struct Row {
   double median = 0, rate = 0;  // TFLOP/s, or GB/s for decode
   double standard_median = -1;
   std::string standard_note;
+  std::string kernel;  // the GPU kernel that ran (forward/backward on the GPU), e.g. "fwd hopper ..."
   Problem::Check check;
   bool verified = false;
   std::string error;
@@ -99,7 +100,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
       << "\": " << json_number(r.rate) << ", \"standard_median_s\": "
       << (r.standard_median > 0 ? json_number(r.standard_median) : "null") << ", \"speedup_vs_standard\": "
       << (r.standard_median > 0 ? json_number(r.standard_median / r.median) : "null") << ", \"standard_note\": \""
-      << json_escape(r.standard_note) << "\"";
+      << json_escape(r.standard_note) << "\", \"kernel\": \"" << json_escape(r.kernel) << "\"";
     if (r.verified)
       f << ", \"max_error\": " << (r.check.flash >= 0 ? json_number(r.check.flash) : "null")
         << ", \"standard_max_error\": " << (r.check.standard >= 0 ? json_number(r.check.standard) : "null")
@@ -139,6 +140,7 @@ void run_row(Row& r, int warmup, bool with_standard, bool verify) {
   }
   r.times = time_runs(s.device, warmup, r.runs, op);
   r.median = median(r.times);
+  if (s.device == DeviceType::cuda && s.op != Op::decode) r.kernel = flashattn::last_gpu_kernel();
   if (s.op == Op::decode) {
     const double bytes = 2.0 * double(s.b * s.h_kv * decode_keys_read(s) * s.d * flashattn::dtype_size(s.dtype));
     r.rate = bytes / r.median * 1e-9;
@@ -197,6 +199,7 @@ void print_row(const Row& r, bool verify) {
   if (verify)
     std::printf(" %10s  %s", r.check.flash >= 0 ? fmt("%.3g", r.check.flash).c_str() : "-", r.check.scope.c_str());
   if (!r.standard_note.empty()) std::printf("  [standard: %s]", r.standard_note.c_str());
+  if (!r.kernel.empty()) std::printf("  [%s]", r.kernel.c_str());
   std::printf("\n");
   std::fflush(stdout);
 }
