@@ -1,9 +1,11 @@
 #include "cpu/parallel.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -25,6 +27,96 @@ int workers_for(int64_t n, int threads) {
   return int(std::max<int64_t>(1, std::min<int64_t>(t, n)));
 }
 
+namespace {
+
+// Set while this thread runs a pool job: a nested parallel_for must not wait for the pool it is
+// part of.
+thread_local bool t_in_job = false;
+
+// Threads kept waiting between calls: starting a thread costs tens of microseconds, which a decode
+// step on many cores would otherwise pay per worker per call. One job runs at a time; a call that
+// finds the pool busy (another user thread, or a nested call from inside a job) starts its own
+// threads instead, as does one that wants more workers than the pool has.
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  int size() const { return int(threads_.size()); }
+
+  // Runs body(worker) for worker in [0, workers) with the caller as worker 0; false (nothing run)
+  // when the pool is busy.
+  bool run(int workers, const std::function<void(int)>& body) {
+    if (t_in_job) return false;
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      body_ = &body;
+      workers_ = workers;
+      next_id_.store(1);
+      active_ = size();
+      ++generation_;
+    }
+    wake_.notify_all();
+    t_in_job = true;
+    body(0);
+    t_in_job = false;
+    std::unique_lock<std::mutex> lock(m_);
+    done_.wait(lock, [this] { return active_ == 0; });
+    body_ = nullptr;
+    return true;
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lock(m_);
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      const std::function<void(int)>* body = body_;
+      const int workers = workers_;
+      lock.unlock();
+      const int id = next_id_.fetch_add(1);
+      if (id < workers) {
+        t_in_job = true;
+        (*body)(id);
+        t_in_job = false;
+      }
+      lock.lock();
+      if (--active_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex busy_;  // held by the caller of the running job
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  uint64_t generation_ = 0;
+  const std::function<void(int)>* body_ = nullptr;
+  int workers_ = 0;
+  std::atomic<int> next_id_{1};
+  int active_ = 0;  // pool threads not yet done with the current job
+  std::vector<std::thread> threads_;
+};
+
+// The process's pool, created on first use. It is never destroyed (threads blocked in a wait at
+// exit are harmless; joining them from a static destructor is not), and a child process after
+// fork(), which has none of the parent's threads, gets a new one.
+Pool* pool() {
+  static std::mutex m;
+  static Pool* p = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(m);
+  if (p == nullptr || owner != getpid()) {
+    p = new Pool(std::max(0, default_threads() - 1));
+    owner = getpid();
+  }
+  return p;
+}
+
+}  // namespace
+
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
   int workers = workers_for(n, threads);
@@ -35,7 +127,7 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)
   std::atomic<int64_t> next{0};
   std::exception_ptr error;
   std::mutex error_mutex;
-  auto run = [&](int worker) {
+  const std::function<void(int)> run = [&](int worker) {
     try {
       for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i, worker);
     } catch (...) {
@@ -44,11 +136,14 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)
       next.store(n);
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(workers - 1));
-  for (int w = 1; w < workers; ++w) pool.emplace_back(run, w);
-  run(0);
-  for (auto& t : pool) t.join();
+  Pool* p = pool();
+  if (workers - 1 > p->size() || !p->run(workers, run)) {
+    std::vector<std::thread> spawned;
+    spawned.reserve(size_t(workers - 1));
+    for (int w = 1; w < workers; ++w) spawned.emplace_back(run, w);
+    run(0);
+    for (auto& t : spawned) t.join();
+  }
   if (error) std::rethrow_exception(error);
 }
 
