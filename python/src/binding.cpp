@@ -301,6 +301,9 @@ NB_MODULE(_C, m) {
         "window_left"_a, "window_right"_a, "softcap"_a, "num_threads"_a, "stream"_a, "max_cache_seqlen"_a);
   m.def("merge_states", &merge_states, "o_parts"_a, "lse_parts"_a, "out"_a, "lse"_a.none(), "num_threads"_a,
         "stream"_a);
+  m.def("last_gpu_kernel", [] { return flashattn::last_gpu_kernel(); },
+        "The GPU forward or backward kernel that ran last on the calling thread, e.g. 'fwd hopper hdim128 bf16 "
+        "sm90a' or 'fwd portable hdim96 f16 sm80' ('' before the first GPU call): which path a problem took.");
   m.def("build_info", &build_info,
         "What this build and machine offer: version, CUDA kernels compiled in, CPU features and the SIMD level "
         "the CPU engine uses, thread and GPU counts.");

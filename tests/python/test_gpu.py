@@ -78,6 +78,7 @@ def test_forward(dtype, d, sq, sk, opts):
     out = flashattn.flash_attn_func(q, k, v, causal=opts.get("causal", False), window_size=opts.get("window", (-1, -1)),
                                     softcap=opts.get("softcap", 0.0))
     assert_rule(out, standard(q, k, v, dtype=torch.float64, **opts), standard(q, k, v, **opts), dtype)
+    assert flashattn.last_gpu_kernel().startswith("fwd "), flashattn.last_gpu_kernel()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])

@@ -306,3 +306,10 @@ def test_cuda_views_without_cuda_are_not_implemented():
     with pytest.raises(NotImplementedError, match=r"built without CUDA"):
         _C.forward(q, q, q, cuda(0x20000, [1, 4, 2, 32]), None, None, None, softmax_scale=0.0, causal=False,
                    window_left=-1, window_right=-1, softcap=0.0, num_threads=0, stream=0)
+
+
+def test_last_gpu_kernel_is_empty_after_cpu_calls():
+    # Only GPU forward/backward calls set it; a thread that made none reports "".
+    q = randn(1, 8, 2, 32)
+    flashattn.flash_attn_func(q, q, q)
+    assert flashattn.last_gpu_kernel() == ""
