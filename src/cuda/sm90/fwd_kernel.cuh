@@ -2,21 +2,21 @@
 //
 // A persistent grid (src/cuda/sm90/tile_scheduler.h) whose CTAs walk (query tile, head, batch)
 // work tiles, with warp specialization:
-//   * warpgroup 0 is the producer: one elected thread issues TMA loads of the Q tile (once) and of
-//     K and V tiles into a ring of shared-memory stages, each completing on an mbarrier ("full");
-//     it waits on the matching "empty" barrier before refilling a stage. It gives its registers to
-//     the consumers (setmaxnreg).
+//   * warpgroup 0 is the producer: one elected thread issues TMA loads of the Q tile (once per work
+//     tile) and of K and V tiles into a ring of shared-memory stages, each completing on an
+//     mbarrier ("full"); it waits on the matching "empty" barrier before refilling a stage. It
+//     gives its registers to the consumers (setmaxnreg).
 //   * warpgroups 1.. are consumers, 64 query rows each: S = Q K^T on wgmma with both operands in
 //     shared memory, the online softmax in registers (src/core/softmax_state.h, exp2 domain, lazy
 //     rescale), O += P V on wgmma with P from registers (the S accumulator re-packed, never stored)
 //     and V read MN-major from shared memory.
 //   * intra-warpgroup overlap: step i issues S_i = Q K_i^T and then O += P_{i-1} V_{i-1}; the
 //     softmax of S_i runs while the P V product is still on the tensor cores, and O is rescaled
-//     after that product lands.
+//     after that product lands. Key tiles are visited from the last to the first, so the masked
+//     (diagonal) tiles of a causal row come first and the mask test is a uniform branch per tile.
 //   * ping-pong (kPingPong): the consumer warpgroups take turns issuing their GEMMs (named
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
-//     cores. Key tiles are visited from the last to the first, so the masked
-//     (diagonal) tiles of a causal row come first and the mask test is a uniform branch per tile.
+//     cores.
 //   * epilogue: O / l through its own shared-memory buffer where it fits (swizzled, so free of bank
 //     conflicts) to a TMA store (fixed-length batches) or 16-byte global stores bounded by the
 //     sequence (varlen); where it does not fit (d = 256), straight from the accumulators. lse is
