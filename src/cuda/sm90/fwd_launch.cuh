@@ -64,10 +64,15 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   const unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
   // The counter is stream-ordered memory (no host synchronization; capturable in a graph).
   P.tile_counter = nullptr;
+  // A device without stream-ordered allocation gets the static stride instead (slower on uneven
+  // causal tiles, same result).
   if (dynamic && tiles > grid) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&P.tile_counter), sizeof(int), stream),
-          "cudaMallocAsync(forward tile counter)");
-    check(cudaMemsetAsync(P.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(forward tile counter)");
+    if (cudaMallocAsync(reinterpret_cast<void**>(&P.tile_counter), sizeof(int), stream) != cudaSuccess) {
+      cudaGetLastError();
+      P.tile_counter = nullptr;
+    } else {
+      check(cudaMemsetAsync(P.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(forward tile counter)");
+    }
   }
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
   const cudaError_t launched = cudaGetLastError();
