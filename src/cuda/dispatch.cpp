@@ -2,7 +2,8 @@
 //   * Forward on Hopper (compute capability 9.0): the sm90a TMA + wgmma path when it was compiled
 //     for this exact head dim and dtype, the output rows are 16-byte aligned (its epilogue stores
 //     16 bytes per thread) and the driver accepts the tensors' TMA maps; otherwise the portable
-//     path. FLASHATTN_GPU_FORWARD=portable forces the portable path (tests run both).
+//     path. FLASHATTN_GPU_FORWARD=portable forces the portable path (tests run both); auto (or
+//     unset) is the default, anything else an error.
 //   * Portable path: the dtype must match, the head dim is rounded up to the smallest compiled
 //     kernel head dim (its extra columns are zero-filled on load and never written), and the
 //     target arch is the device's own family when compiled (sm_90a SASS on Hopper), else the sm80
@@ -83,7 +84,12 @@ std::string variant_name(const char* kind, const char* path, int head_dim, DType
 const HopperVariant* hopper_variant(const core::ForwardParams& p, int cc) {
   if (cc != 90) return nullptr;
   const char* force = std::getenv("FLASHATTN_GPU_FORWARD");
-  if (force != nullptr && std::strcmp(force, "portable") == 0) return nullptr;
+  if (force != nullptr && *force != '\0' && std::strcmp(force, "auto") != 0) {
+    if (std::strcmp(force, "portable") == 0) return nullptr;
+    throw Error(Status::invalid_argument,
+                std::string("forward: environment variable FLASHATTN_GPU_FORWARD: expected 'auto' or 'portable', got '") +
+                    force + "'");
+  }
   const bool out_rows_16b = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_s.batch % 8 == 0 &&
                             p.o_s.row % 8 == 0 && p.o_s.head % 8 == 0;
   if (!out_rows_16b) return nullptr;
