@@ -1,0 +1,63 @@
+// The Hopper forward's tile order (src/cuda/sm90/tile_scheduler.h) is plain host/device code: its
+// promises are checked here, where CI runs. Every index maps to a distinct (query tile, head,
+// batch); without a right bound a head's query tiles are adjacent; with one, tiles come longest
+// first within each L2 section of heads, and sections cover the heads in order.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "cuda/sm90/tile_scheduler.h"
+
+namespace fa_test {
+namespace {
+
+using flashattn::cuda::sm90::TileScheduler;
+
+TEST(TileScheduler, EveryTileExactlyOnce) {
+  for (bool longest_first : {false, true})
+    for (int section : {1, 3, 7, 64})
+      for (auto [m, h, b] : {std::tuple{1, 1, 1}, std::tuple{5, 3, 2}, std::tuple{16, 16, 8}, std::tuple{7, 1, 9}}) {
+        TileScheduler s{m, h, b, section, longest_first};
+        std::set<std::tuple<int, int, int>> seen;
+        for (int i = 0; i < s.num_tiles(); ++i) {
+          int mb, hh, bb;
+          s.tile(i, &mb, &hh, &bb);
+          ASSERT_TRUE(mb >= 0 && mb < m && hh >= 0 && hh < h && bb >= 0 && bb < b) << i;
+          ASSERT_TRUE(seen.insert({mb, hh, bb}).second) << "tile " << i << " repeats";
+        }
+        EXPECT_EQ(int(seen.size()), m * h * b);
+      }
+}
+
+TEST(TileScheduler, StaticOrderKeepsAHeadsTilesTogether) {
+  TileScheduler s{4, 3, 2, 1, false};
+  for (int i = 0; i < s.num_tiles(); ++i) {
+    int m, h, b;
+    s.tile(i, &m, &h, &b);
+    EXPECT_EQ(m, i % 4);
+    EXPECT_EQ(h + 3 * b, i / 4);  // heads fastest within a batch entry (GQA groups adjacent)
+  }
+}
+
+TEST(TileScheduler, CausalOrderIsLongestFirstWithinSections) {
+  const int m = 6, heads = 5, batch = 2, section = 4;  // 10 (head, batch) pairs: sections of 4, 4, 2
+  TileScheduler s{m, heads, batch, section, true};
+  int prev_m = m, prev_section = 0;
+  for (int i = 0; i < s.num_tiles(); ++i) {
+    int mb, h, b;
+    s.tile(i, &mb, &h, &b);
+    const int sec = (h + heads * b) / section;
+    ASSERT_GE(sec, prev_section) << i;
+    if (sec != prev_section) {
+      ASSERT_EQ(mb, m - 1) << "tile " << i << ": a section starts with its longest tiles";
+      prev_section = sec;
+    } else {
+      ASSERT_LE(mb, prev_m) << "tile " << i << " is longer than the one before it";
+    }
+    prev_m = mb;
+  }
+}
+
+}  // namespace
+}  // namespace fa_test
