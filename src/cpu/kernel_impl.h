@@ -196,24 +196,27 @@ void softmax(typename V::T* st, int64_t nk, int64_t rows, int64_t mpad, typename
   for (int64_t i = 0; i < rows; i += V::W) V::store(f + i, V::load(m + i));
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t i = 0; i < rows; i += V::W) V::store(f + i, V::max(V::load(st + j * mpad + i), V::load(f + i)));
-  // Per row: the rescale factor of the old state (rescale_factor(m_old, m_new)), applied to l.
-  T base[kMaxTileRows];
+  // Per row: the rescale factor of the old state (rescale_factor(m_old, m_new)).
+  alignas(64) T base[kMaxTileRows];
+  alignas(64) T sum[kMaxTileRows];
   for (int64_t i = 0; i < rows; i += V::W) {
     reg m_new = V::load(f + i);
     reg b = V::exponent_base(m_new);  // 0 while the row has seen only -inf
-    reg factor = V::exp2(V::mul(V::sub(V::load(m + i), b), cv));
+    V::store(f + i, V::exp2(V::mul(V::sub(V::load(m + i), b), cv)));
     V::store(base + i, b);
     V::store(m + i, m_new);
-    V::store(f + i, factor);
-    V::store(l + i, V::mul(V::load(l + i), factor));
+    V::store(sum + i, V::zero());
   }
-  // Pass 2: P~ in place of the scores, and its row sums added to l.
+  // Pass 2: P~ in place of the scores. Its row sums gather in the tile's own sum, which joins l once
+  // (l = l * factor + sum): adding every p straight to l, which grows with the sequence, lost
+  // precision (max error 3.6e-6 instead of 7.6e-7 against fp64 at N = 4096, f32).
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t i = 0; i < rows; i += V::W) {
       reg p = V::exp2(V::mul(V::sub(V::load(st + j * mpad + i), V::load(base + i)), cv));
       V::store(st + j * mpad + i, p);
-      V::store(l + i, V::add(V::load(l + i), p));
+      V::store(sum + i, V::add(V::load(sum + i), p));
     }
+  for (int64_t i = 0; i < rows; i += V::W) V::store(l + i, V::fma(V::load(l + i), V::load(f + i), V::load(sum + i)));
 }
 
 // n is a multiple of W (a whole score tile, nk * mpad).

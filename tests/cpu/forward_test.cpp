@@ -219,6 +219,18 @@ TEST(Forward, HugeScoresDoNotOverflow) {
   for (double lse : p.lse.values()) ASSERT_GT(lse, 9900.0);
 }
 
+// A long causal sequence in f32: each row's sum l grows to thousands of terms, so how P's row sums
+// join it decides the precision (adding every p straight to l once cost a factor of 5 and broke
+// the rule at this size).
+TEST(Forward, LongSequencesKeepTheirPrecision) {
+  Shape s{.sq = 4096, .sk = 4096, .hq = 1, .d = 64, .causal = true};
+  Problem p = make_problem(s, 4096);
+  std::mt19937 rng(4097);
+  p.v.fill_normal(rng);
+  flashattn::forward(p.args);
+  EXPECT_TRUE(matches_reference(p));
+}
+
 // Every SIMD level this CPU has (capped through FLASHATTN_CPU_KERNEL) is within the rule.
 TEST(Forward, EverySimdLevelIsAccurate) {
   using flashattn::cpu::KernelLevel;
