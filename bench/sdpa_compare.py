@@ -7,7 +7,7 @@ tokens in total (batch = tokens // seqlen), hidden 2048 (heads = 2048 // d). For
 4*b*h*s*s*d, halved when causal; backward FLOPs are 2.5x that. Times are medians of
 triton.testing.do_bench (CUDA events, after warm-up). Each shape's forward output is also checked
 against SDPA's. --modes fwd,bwd adds the backward: ours (default and deterministic) beside SDPA's
-out.backward().
+out.backward(), and the largest difference between our dq, dk, dv and SDPA's (FlashAttention-2).
 
   python3 bench/sdpa_compare.py --lib build/libflashattn.so
   python3 bench/sdpa_compare.py --lib build/libflashattn.so --d 128 --s 2048,8192 --json out.json
@@ -44,7 +44,7 @@ def main():
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     print(f"{'d':>4} {'causal':>6} {'s':>6} | {'ours':>6} {'fa2':>6} {'cudnn':>6} | {'/fa2':>5} {'/cudnn':>6} | max|ours-sdpa|"
-          + (" || bwd ours  det   fa2 cudnn |  /fa2 /cudnn det/ours" if bwd else ""))
+          + (" || bwd ours  det   fa2 cudnn |  /fa2 /cudnn det/ours | max|ours-sdpa|" if bwd else ""))
     for d in ints(a.d):
         for causal in ints(a.causal):
             for s in ints(a.s):
@@ -88,6 +88,7 @@ def main():
                             raise RuntimeError(lib.flashattn_last_error().decode())
 
                     row["ours_bwd"] = 2.5 * flops / median_ms(ours_bwd) / 1e9
+                    row["bwd_kernel"] = lib.flashattn_last_gpu_kernel().decode()
                     bargs.deterministic = 1
                     row["ours_bwd_det"] = 2.5 * flops / median_ms(ours_bwd) / 1e9
                     bargs.deterministic = 0
@@ -104,6 +105,15 @@ def main():
                                     lambda: ref.backward(gt, retain_graph=True)) / 1e9
                     except RuntimeError as e:
                         row[name + "_error"] = str(e).splitlines()[0][:160]
+                if bwd:
+                    # Our gradients beside SDPA's (FlashAttention-2 backend) for the same dO.
+                    ours_bwd()
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                        grads = torch.autograd.grad(o, (qt, kt, vt), g.transpose(1, 2))
+                    row["bwd_max_abs_diff_vs_sdpa"] = max(
+                        (ours_g.float() - ref_g.transpose(1, 2).float()).abs().max().item()
+                        for ours_g, ref_g in zip((dq, dk, dv), grads))
                 ours()
                 torch.cuda.synchronize()
                 row["max_abs_diff_vs_sdpa"] = (out.float() - ref.detach().transpose(1, 2).float()).abs().max().item()
@@ -114,7 +124,8 @@ def main():
                         f"{r('ours', 'cudnn'):>6} | {row['max_abs_diff_vs_sdpa']:.3g} {row['kernel'].split(' hdim')[0]}")
                 if bwd:
                     line += (f" || {f('ours_bwd')} {f('ours_bwd_det')} {f('fa2_bwd')} {f('cudnn_bwd')} | "
-                             f"{r('ours_bwd', 'fa2_bwd')} {r('ours_bwd', 'cudnn_bwd'):>6} {r('ours_bwd_det', 'ours_bwd'):>8}")
+                             f"{r('ours_bwd', 'fa2_bwd')} {r('ours_bwd', 'cudnn_bwd'):>6} {r('ours_bwd_det', 'ours_bwd'):>8} | "
+                             f"{row['bwd_max_abs_diff_vs_sdpa']:.3g} {row['bwd_kernel'].split(' hdim')[0]}")
                 print(line, flush=True)
                 del q, k, v, out, lse, qt, kt, vt
                 torch.cuda.empty_cache()

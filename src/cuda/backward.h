@@ -10,6 +10,10 @@ namespace flashattn::cuda {
 template <int kHeadDim, class Element, int kArch>
 void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream);
 
+// The sm90a path (TMA + wgmma); false when the driver rejects a tensor layout (nothing has run).
+template <int kHeadDim, class Element, int kArch>
+bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream);
+
 void dispatch_backward(const core::BackwardParams& p, int cc, cudaStream_t stream);
 
 }  // namespace flashattn::cuda

@@ -4,6 +4,8 @@
 //     16 bytes per thread) and the driver accepts the tensors' TMA maps; otherwise the portable
 //     path. FLASHATTN_GPU_FORWARD=portable forces the portable path (tests run both); auto (or
 //     unset) is the default, anything else an error.
+//   * Backward on Hopper: likewise the sm90a path for its compiled head dims when dq, dk and dv
+//     take 4-byte element pairs; FLASHATTN_GPU_BACKWARD=portable forces the portable path.
 //   * Portable path: the dtype must match, the head dim is rounded up to the smallest compiled
 //     kernel head dim (its extra columns are zero-filled on load and never written), and the
 //     target arch is the device's own family when compiled (sm_90a SASS on Hopper), else the sm80
@@ -35,43 +37,63 @@ struct Variant {
   void (*run)(const Params&, cudaStream_t);
 };
 
+template <class Params>
 struct HopperVariant {
   int head_dim;
   DType dtype;
-  bool (*run)(const core::ForwardParams&, cudaStream_t);
+  bool (*run)(const Params&, cudaStream_t);
 };
 
-// kernel_list.inc holds FLASHATTN_FWD_PORTABLE / FLASHATTN_BWD_PORTABLE / FLASHATTN_FWD_HOPPER
-// entries; each table keeps its own kind. The trailing entry keeps a table non-empty in any build.
+// kernel_list.inc holds FLASHATTN_FWD_PORTABLE / FLASHATTN_BWD_PORTABLE / FLASHATTN_FWD_HOPPER /
+// FLASHATTN_BWD_HOPPER entries; each table keeps its own kind. The trailing entry keeps a table
+// non-empty in any build.
 #define FLASHATTN_FWD_PORTABLE(H, DT, A) Variant<core::ForwardParams>{H, DType::DT, A, &run_forward_portable<H, elem_##DT, A>},
 #define FLASHATTN_BWD_PORTABLE(H, DT, A)
 #define FLASHATTN_FWD_HOPPER(H, DT)
+#define FLASHATTN_BWD_HOPPER(H, DT)
 constexpr Variant<core::ForwardParams> kForward[] = {
 #include "flashattn_internal/kernel_list.inc"
     Variant<core::ForwardParams>{0, DType::f32, 0, nullptr}};
 #undef FLASHATTN_FWD_PORTABLE
 #undef FLASHATTN_BWD_PORTABLE
 #undef FLASHATTN_FWD_HOPPER
+#undef FLASHATTN_BWD_HOPPER
 
 #define FLASHATTN_FWD_PORTABLE(H, DT, A)
 #define FLASHATTN_BWD_PORTABLE(H, DT, A) Variant<core::BackwardParams>{H, DType::DT, A, &run_backward_portable<H, elem_##DT, A>},
 #define FLASHATTN_FWD_HOPPER(H, DT)
+#define FLASHATTN_BWD_HOPPER(H, DT)
 constexpr Variant<core::BackwardParams> kBackward[] = {
 #include "flashattn_internal/kernel_list.inc"
     Variant<core::BackwardParams>{0, DType::f32, 0, nullptr}};
 #undef FLASHATTN_FWD_PORTABLE
 #undef FLASHATTN_BWD_PORTABLE
 #undef FLASHATTN_FWD_HOPPER
+#undef FLASHATTN_BWD_HOPPER
 
 #define FLASHATTN_FWD_PORTABLE(H, DT, A)
 #define FLASHATTN_BWD_PORTABLE(H, DT, A)
-#define FLASHATTN_FWD_HOPPER(H, DT) HopperVariant{H, DType::DT, &run_forward_hopper<H, elem_##DT, 90>},
-constexpr HopperVariant kHopperForward[] = {
+#define FLASHATTN_FWD_HOPPER(H, DT) HopperVariant<core::ForwardParams>{H, DType::DT, &run_forward_hopper<H, elem_##DT, 90>},
+#define FLASHATTN_BWD_HOPPER(H, DT)
+constexpr HopperVariant<core::ForwardParams> kHopperForward[] = {
 #include "flashattn_internal/kernel_list.inc"
-    HopperVariant{0, DType::f32, nullptr}};
+    HopperVariant<core::ForwardParams>{0, DType::f32, nullptr}};
 #undef FLASHATTN_FWD_PORTABLE
 #undef FLASHATTN_BWD_PORTABLE
 #undef FLASHATTN_FWD_HOPPER
+#undef FLASHATTN_BWD_HOPPER
+
+#define FLASHATTN_FWD_PORTABLE(H, DT, A)
+#define FLASHATTN_BWD_PORTABLE(H, DT, A)
+#define FLASHATTN_FWD_HOPPER(H, DT)
+#define FLASHATTN_BWD_HOPPER(H, DT) HopperVariant<core::BackwardParams>{H, DType::DT, &run_backward_hopper<H, elem_##DT, 90>},
+constexpr HopperVariant<core::BackwardParams> kHopperBackward[] = {
+#include "flashattn_internal/kernel_list.inc"
+    HopperVariant<core::BackwardParams>{0, DType::f32, nullptr}};
+#undef FLASHATTN_FWD_PORTABLE
+#undef FLASHATTN_BWD_PORTABLE
+#undef FLASHATTN_FWD_HOPPER
+#undef FLASHATTN_BWD_HOPPER
 
 thread_local std::string last_kernel;
 
@@ -80,22 +102,39 @@ std::string variant_name(const char* kind, const char* path, int head_dim, DType
          std::to_string(arch) + (arch == 90 ? "a" : "");
 }
 
-// The Hopper variant for p, or null when p must take the portable path.
-const HopperVariant* hopper_variant(const core::ForwardParams& p, int cc) {
-  if (cc != 90) return nullptr;
-  const char* force = std::getenv("FLASHATTN_GPU_FORWARD");
-  if (force != nullptr && *force != '\0' && std::strcmp(force, "auto") != 0) {
-    if (std::strcmp(force, "portable") == 0) return nullptr;
-    throw Error(Status::invalid_argument,
-                std::string("forward: environment variable FLASHATTN_GPU_FORWARD: expected 'auto' or 'portable', got '") +
-                    force + "'");
-  }
-  const bool out_rows_16b = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_s.batch % 8 == 0 &&
-                            p.o_s.row % 8 == 0 && p.o_s.head % 8 == 0;
-  if (!out_rows_16b) return nullptr;
-  for (const HopperVariant& v : kHopperForward)
+// False when the environment variable `name` ("auto" or unset: the default) forces the portable
+// path; any other value is an error that names the variable.
+bool hopper_allowed(const char* op, const char* name) {
+  const char* force = std::getenv(name);
+  if (force == nullptr || *force == '\0' || std::strcmp(force, "auto") == 0) return true;
+  if (std::strcmp(force, "portable") == 0) return false;
+  throw Error(Status::invalid_argument, std::string(op) + ": environment variable " + name +
+                                            ": expected 'auto' or 'portable', got '" + force + "'");
+}
+
+template <class Params, size_t N>
+const HopperVariant<Params>* find_hopper(const HopperVariant<Params> (&table)[N], const Params& p) {
+  for (const HopperVariant<Params>& v : table)
     if (v.run != nullptr && v.head_dim == p.head_dim && v.dtype == p.dtype) return &v;
   return nullptr;
+}
+
+// The Hopper forward for p, or null when p must take the portable path.
+const HopperVariant<core::ForwardParams>* hopper_forward(const core::ForwardParams& p, int cc) {
+  if (cc != 90 || !hopper_allowed("forward", "FLASHATTN_GPU_FORWARD")) return nullptr;
+  const bool out_rows_16b = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_s.batch % 8 == 0 &&
+                            p.o_s.row % 8 == 0 && p.o_s.head % 8 == 0;
+  return out_rows_16b ? find_hopper(kHopperForward, p) : nullptr;
+}
+
+// The Hopper backward for p, or null. It writes dq, dk and dv as 4-byte element pairs.
+const HopperVariant<core::BackwardParams>* hopper_backward(const core::BackwardParams& p, int cc) {
+  if (cc != 90 || !hopper_allowed("backward", "FLASHATTN_GPU_BACKWARD")) return nullptr;
+  auto pairs = [](const void* base, const core::Strides& s) {
+    return reinterpret_cast<uintptr_t>(base) % 4 == 0 && s.batch % 2 == 0 && s.row % 2 == 0 && s.head % 2 == 0;
+  };
+  const bool ok = pairs(p.dq, p.dq_s) && pairs(p.dk, p.dk_s) && pairs(p.dv, p.dv_s);
+  return ok ? find_hopper(kHopperBackward, p) : nullptr;
 }
 
 // Can a binary built for `arch` run on a device of compute capability `cc`?
@@ -134,7 +173,7 @@ void describe(const Variant<Params> (&table)[N], const char* kind, std::string& 
 }  // namespace
 
 void dispatch_forward(const core::ForwardParams& p, int cc, cudaStream_t stream) {
-  if (const HopperVariant* v = hopper_variant(p, cc); v != nullptr && v->run(p, stream)) {
+  if (const auto* v = hopper_forward(p, cc); v != nullptr && v->run(p, stream)) {
     last_kernel = variant_name("fwd", "hopper", v->head_dim, v->dtype, 90);
     return;
   }
@@ -142,15 +181,24 @@ void dispatch_forward(const core::ForwardParams& p, int cc, cudaStream_t stream)
 }
 
 void dispatch_backward(const core::BackwardParams& p, int cc, cudaStream_t stream) {
+  if (const auto* v = hopper_backward(p, cc); v != nullptr && v->run(p, stream)) {
+    last_kernel = variant_name("bwd", "hopper", v->head_dim, v->dtype, 90);
+    return;
+  }
   pick_and_run(kBackward, "backward", p, cc, stream);
 }
 
 std::string variant_list() {
   std::string s;
-  for (const HopperVariant& v : kHopperForward) {
+  for (const auto& v : kHopperForward) {
     if (v.run == nullptr) continue;
     if (!s.empty()) s += ", ";
     s += variant_name("fwd", "hopper", v.head_dim, v.dtype, 90);
+  }
+  for (const auto& v : kHopperBackward) {
+    if (v.run == nullptr) continue;
+    if (!s.empty()) s += ", ";
+    s += variant_name("bwd", "hopper", v.head_dim, v.dtype, 90);
   }
   describe(kForward, "fwd", s);
   describe(kBackward, "bwd", s);

@@ -122,3 +122,25 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
   if (head_dim <= 128) return {128, 2, 2, true, causal, 1};
   return {80, 2, 2, !causal, causal, 1};
 }
+
+namespace flashattn::cuda {
+
+// Hopper backward (src/cuda/sm90/bwd_kernel.cuh): 128 keys per CTA (64 per consumer warpgroup,
+// dK + dV = d fp32 registers per thread) and block_m query rows per step (S^T and dP^T: block_m/2
+// fp32 each). Shared memory: K, V 2 * 128 * d + Q, dO 2 * stages * block_m * d + dS^T 2 * 128 *
+// block_m (2 bytes each) + dq_buffers fp32 dQ tiles of block_m * d, <= 227 KB.
+//   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
+//          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
+//   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32.
+struct HopperBwdTile {
+  int block_m;
+  int stages;      // Q/dO tiles in flight
+  int dq_buffers;  // fp32 dQ tiles between the consumers and the writer warp
+};
+
+constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
+  if (head_dim <= 64) return {128, 2, 1};
+  return {64, 2, 2};
+}
+
+}  // namespace flashattn::cuda

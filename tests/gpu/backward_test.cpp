@@ -150,18 +150,32 @@ struct Problem {
   }
 };
 
+// The kernel of the last backward, checked against the path dispatch must pick.
+void expect_path(const Case& c, bool portable) {
+  const std::string kernel = flashattn::last_gpu_kernel();
+  EXPECT_EQ(kernel.find("hopper") != std::string::npos, !portable && expect_hopper("bwd", c.head_dim, c.dtype))
+      << kernel;
+}
+
+// Each case runs on the path dispatch picks (the Hopper path where it applies) and on the portable
+// path, which stays the fallback for everything the Hopper path does not cover.
 void check_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(describe(c));
   Problem pr(c, seed);
   pr.forward();
   pr.d_out->copy_to(pr.out);
   pr.d_lse->copy_to(pr.lse);
-  pr.backward();
   auto ref = flashattn::reference::backward(pr.host_args());
   auto plain = flashattn::reference::backward(pr.host_args(), flashattn::reference::Precision::same_as_input);
-  EXPECT_TRUE(within_rule(pr.dq.values(), ref.dq, plain.dq, c.dtype, 3.0, "dq"));
-  EXPECT_TRUE(within_rule(pr.dk.values(), ref.dk, plain.dk, c.dtype, 3.0, "dk"));
-  EXPECT_TRUE(within_rule(pr.dv.values(), ref.dv, plain.dv, c.dtype, 3.0, "dv"));
+  for (bool portable : {false, true}) {
+    SCOPED_TRACE(portable ? "portable path forced" : "default path");
+    ScopedEnv force("FLASHATTN_GPU_BACKWARD", portable ? "portable" : nullptr);
+    pr.backward();
+    expect_path(c, portable);
+    EXPECT_TRUE(within_rule(pr.dq.values(), ref.dq, plain.dq, c.dtype, 3.0, "dq"));
+    EXPECT_TRUE(within_rule(pr.dk.values(), ref.dk, plain.dk, c.dtype, 3.0, "dk"));
+    EXPECT_TRUE(within_rule(pr.dv.values(), ref.dv, plain.dv, c.dtype, 3.0, "dv"));
+  }
 }
 
 class GpuBackward : public GpuTest {};
@@ -245,8 +259,58 @@ TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
   check_case(o, 302);
 }
 
+// Several key tiles per head and more query steps than pipeline stages (the Q/dO ring, the dQ
+// buffers and the K/V barrier phases wrap), GQA, and key tiles that no query sees (their dk and dv
+// must be written as zeros).
+TEST_F(GpuBackward, LongerSequencesAndUnseenKeyTiles) {
+  uint32_t seed = 350;
+  for (int64_t d : {64, 128})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.seqlen_q = 700;
+      c.seqlen_k = 700;
+      c.head_dim = d;
+      c.causal = causal;
+      check_case(c, seed++);
+    }
+  Case w;
+  w.seqlen_q = 64;
+  w.seqlen_k = 400;
+  w.window_left = 10;
+  w.window_right = 0;
+  w.head_dim = 128;
+  check_case(w, seed++);
+}
+
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
-  Case c;
+  for (int64_t d : {64, 128})
+    for (bool portable : {false, true}) {
+      SCOPED_TRACE(portable ? "portable path forced" : "default path");
+      ScopedEnv force("FLASHATTN_GPU_BACKWARD", portable ? "portable" : nullptr);
+      Case c;
+      c.deterministic = true;
+      c.seqlen_q = 300;
+      c.seqlen_k = 300;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.head_dim = d;
+      c.causal = true;
+      SCOPED_TRACE(describe(c));
+      Problem pr(c, 401);
+      pr.forward();
+      pr.backward();
+      expect_path(c, portable);
+      std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+      for (int run = 0; run < 50; ++run) {
+        pr.backward();
+        ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
+        ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
+        ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
+      }
+    }
+  Case c;  // the deterministic paths are also within the accuracy rule
   c.deterministic = true;
   c.seqlen_q = 300;
   c.seqlen_k = 300;
@@ -254,37 +318,50 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
   c.heads_kv = 2;
   c.head_dim = 128;
   c.causal = true;
-  check_case(c, 400);  // the deterministic path is also within the accuracy rule
-  Problem pr(c, 401);
-  pr.forward();
-  pr.backward();
-  std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
-  for (int run = 0; run < 20; ++run) {
-    pr.backward();
-    ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
-    ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
-    ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
-  }
+  check_case(c, 400);
 }
 
 TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
-  Case c;
-  c.seqlen_q = 300;
-  c.seqlen_k = 300;
-  c.head_dim = 64;
-  Problem pr(c, 500);
-  pr.forward();
-  pr.backward();
-  std::vector<unsigned char> dk0 = pr.dk.storage, dv0 = pr.dv.storage;
-  std::vector<double> dq0 = pr.dq.values();
-  double dq_max = 0;
-  for (double x : dq0) dq_max = std::max(dq_max, std::fabs(x));
-  for (int run = 0; run < 20; ++run) {
+  for (bool portable : {false, true}) {
+    SCOPED_TRACE(portable ? "portable path forced" : "default path");
+    ScopedEnv force("FLASHATTN_GPU_BACKWARD", portable ? "portable" : nullptr);
+    Case c;
+    c.seqlen_q = 300;
+    c.seqlen_k = 300;
+    c.head_dim = 64;
+    Problem pr(c, 500);
+    pr.forward();
     pr.backward();
-    ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
-    ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
-    // dq sums fp32 atomics in a varying order: equal within two bf16 ulps of the largest value.
-    EXPECT_LE(max_abs_diff(pr.dq.values(), dq0), dq_max * std::ldexp(1.0, -6)) << "run " << run;
+    expect_path(c, portable);
+    std::vector<unsigned char> dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+    std::vector<double> dq0 = pr.dq.values();
+    double dq_max = 0;
+    for (double x : dq0) dq_max = std::max(dq_max, std::fabs(x));
+    for (int run = 0; run < 100; ++run) {
+      pr.backward();
+      ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
+      ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
+      // dq sums fp32 additions in a varying order: equal within two bf16 ulps of the largest value.
+      EXPECT_LE(max_abs_diff(pr.dq.values(), dq0), dq_max * std::ldexp(1.0, -6)) << "run " << run;
+    }
+  }
+}
+
+TEST_F(GpuBackward, EnvironmentVariableIsValidated) {
+  ScopedEnv bad("FLASHATTN_GPU_BACKWARD", "fast");
+  Case c;
+  Problem pr(c, 600);
+  pr.forward();
+  int dev = 0, major = 0, minor = 0;
+  FA_CUDA_OK(cudaGetDevice(&dev));
+  FA_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FA_CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the variable is read where a Hopper path exists";
+  try {
+    pr.backward();
+    ADD_FAILURE() << "expected an error naming FLASHATTN_GPU_BACKWARD";
+  } catch (const flashattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FLASHATTN_GPU_BACKWARD"), std::string::npos) << e.what();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "test_util.h"
@@ -63,5 +64,41 @@ struct DeviceTensor {
     if (bytes) cudaMemcpy(h.storage.data(), ptr, bytes, cudaMemcpyDeviceToHost);
   }
 };
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// Whether dispatch must pick the Hopper path of `kind` ("fwd" or "bwd") for this head dim and
+// dtype: on a compute capability 9.0 device, when this build compiled that variant (the test
+// layouts keep the outputs' rows 16-byte aligned).
+inline bool expect_hopper(const char* kind, int64_t head_dim, flashattn::DType dtype) {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const std::string want = std::string(kind) + " hopper hdim" + std::to_string(head_dim) + " " +
+                           flashattn::dtype_name(dtype) + " sm90a";
+  const std::string kernels = flashattn::build_info().cuda_kernels;
+  return major == 9 && minor == 0 && (kernels + ",").find(want + ",") != std::string::npos;
+}
 
 }  // namespace fa_test

@@ -153,6 +153,47 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
 #endif
 }
 
+// The Hopper backward's dQ product: C = X^T Y with X [64 K][64 M] and Y [64 K][128 N] both
+// MN-major in shared memory (wgmma ss with A and B transposed, N = 128 spanning Y's two column
+// blocks), plus a plain bulk copy (64 floats) completing on the same mbarrier as the TMA loads.
+__global__ void __launch_bounds__(128) wgmma_trans_a_kernel(const __grid_constant__ TmaMaps maps, const float* vec,
+                                                            float* C, float* vec_out, int* ran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) unsigned char x[64 * 64 * 2];
+  __shared__ __align__(1024) unsigned char y[64 * 128 * 2];
+  __shared__ __align__(16) float v[64];
+  __shared__ __align__(8) uint64_t full;
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  if (tid == 0) {
+    ptx::thread_mbarrier_init(&full, 1);
+    ptx::thread_fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (w == 0 && ptx::warp_elect_one()) {
+    ptx::thread_mbarrier_arrive_expect_tx(&full, (64 * 64 + 64 * 128) * 2 + 64 * 4);
+    ptx::thread_tma_load_4d(x, &maps.q, &full, 0, 0, 0, 0);
+    for (int c = 0; c < 2; ++c) ptx::thread_tma_load_4d(y + c * 64 * 128, &maps.k, &full, 64 * c, 0, 0, 0);
+    ptx::thread_bulk_load(v, vec, 64 * 4, &full);
+  }
+  ptx::thread_mbarrier_wait(&full, 0);
+  float c[64];
+  ptx::warpgroup_fence();
+  for (int kt = 0; kt < 4; ++kt) {
+    uint64_t da = ptx::make_smem_desc_sw128(x + kt * 2048, 64 * 128, 1024);
+    uint64_t db = ptx::make_smem_desc_sw128(y + kt * 2048, 64 * 128, 1024);
+    ptx::Wgmma<__nv_bfloat16, 128>::ss<1, 1>(c, da, db, kt > 0);
+  }
+  ptx::warpgroup_commit();
+  ptx::warpgroup_wait<0>();
+  ptx::thread_pin(c);
+  for (int i = 0; i < 64; ++i) C[(16 * w + g + 8 * ((i >> 1) & 1)) * 128 + 8 * (i >> 2) + 2 * t + (i & 1)] = c[i];
+  if (tid < 64) vec_out[tid] = v[tid];
+  if (tid == 0) *ran = 1;
+#else
+  if (threadIdx.x == 0) *ran = 0;
+#endif
+}
+
 template <class T>
 T* to_device(const std::vector<T>& h) {
   T* d = nullptr;
@@ -322,6 +363,59 @@ TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
   for (auto p : d) cudaFree(p);
   cudaFree(dS);
   cudaFree(dO);
+  cudaFree(ran);
+}
+
+TEST_F(Ptx, WgmmaTransposedAAndBulkLoadOnHopper) {
+  int dev = 0, major = 0;
+  FA_CUDA_OK(cudaGetDevice(&dev));
+  FA_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major != 9) GTEST_SKIP() << "TMA + wgmma need an sm_90a device";
+  std::mt19937 rng(12);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<__nv_bfloat16> hx(64 * 64), hy(64 * 128);
+  for (auto& e : hx) e = __float2bfloat16(n(rng));
+  for (auto& e : hy) e = __float2bfloat16(n(rng));
+  std::vector<float> hv(64);
+  for (auto& e : hv) e = n(rng);
+  __nv_bfloat16 *dx = to_device(hx), *dy = to_device(hy);
+  float* dv = to_device(hv);
+  TmaMaps maps;
+  flashattn::cuda::sm90::TmaTensor t;
+  t.base = dx;
+  t.head_dim = 64;
+  t.rows = 64;
+  t.heads = 1;
+  t.batch = 1;
+  t.row_stride = 64;
+  ASSERT_TRUE(flashattn::cuda::sm90::encode_tma_sw128(&maps.q, t, 64));
+  t.base = dy;
+  t.head_dim = 128;
+  t.row_stride = 128;
+  ASSERT_TRUE(flashattn::cuda::sm90::encode_tma_sw128(&maps.k, t, 64));
+  float *dc = nullptr, *dvo = nullptr;
+  int* ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&dc, 64 * 128 * 4));
+  FA_CUDA_OK(cudaMalloc(&dvo, 64 * 4));
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  FA_CUDA_OK(cudaMemset(ran, 0, 4));
+  wgmma_trans_a_kernel<<<1, 128>>>(maps, dv, dc, dvo, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "this build has no sm_90a code";
+  auto C = to_host(dc, 64 * 128);
+  EXPECT_EQ(to_host(dvo, 64), hv);
+  for (int m = 0; m < 64; ++m)
+    for (int c = 0; c < 128; ++c) {
+      double ref = 0;
+      for (int k = 0; k < 64; ++k)
+        ref += double(__bfloat162float(hx[k * 64 + m])) * double(__bfloat162float(hy[k * 128 + c]));
+      ASSERT_NEAR(C[m * 128 + c], ref, 1e-3 * (1 + std::fabs(ref))) << "C " << m << "," << c;
+    }
+  cudaFree(dx);
+  cudaFree(dy);
+  cudaFree(dv);
+  cudaFree(dc);
+  cudaFree(dvo);
   cudaFree(ran);
 }
 

@@ -38,6 +38,13 @@ __device__ __forceinline__ void thread_bulk_wait_read_all() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
+// As above, but returns while at most N of the most recently committed groups are still reading
+// (so the buffer of an older group may be refilled while the newest is in flight).
+template <int N>
+__device__ __forceinline__ void thread_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
 // Waits until this thread's committed bulk operations have completed, global writes included.
 __device__ __forceinline__ void thread_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
@@ -78,6 +85,15 @@ __device__ __forceinline__ void thread_mbarrier_wait(uint64_t* bar, uint32_t par
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+
+// Copies `bytes` contiguous bytes global -> shared through the copy engine and completes them on
+// `bar` (announced with arrive_expect_tx). Both addresses 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void thread_bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
 }
 
 // ---- TMA: tensor tiles global -> shared through the copy engine -----------------------------

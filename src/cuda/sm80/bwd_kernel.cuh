@@ -1,8 +1,9 @@
 // The portable backward (sm80+): FlashAttention-2's recomputation in our own CUDA C++.
 //
 // Three kernels per call:
-//   1. preprocess: per query row, D = rowsum(dO o O) and lse2 = lse * log2(e) (fp32, +inf for rows
-//      that saw nothing, src/core/softmax_state.h), into a workspace;
+//   1. preprocess (src/cuda/bwd_common.cuh): per query row, D = rowsum(dO o O) and
+//      lse2 = lse * log2(e) (fp32, +inf for rows that saw nothing, src/core/softmax_state.h), into
+//      a workspace with dense rows;
 //   2. main: one CTA per (key tile, KV head, batch) keeps K_j, V_j and the fp32 dK_j, dV_j
 //      accumulators on chip and streams the query tiles of every query head that shares the KV
 //      head (so GQA needs no reduction afterwards): recompute S^T = K Q^T and P^T = exp2(S^T c -
@@ -32,21 +33,10 @@
 #include "core/block_range.h"
 #include "core/params.h"
 #include "core/softmax_state.h"
+#include "cuda/bwd_common.cuh"
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/sm80/smem_tile.cuh"
-
-namespace flashattn::cuda {
-
-// Workspace of one backward call (fp32, allocated by the launcher).
-struct BwdWorkspace {
-  float* lse2 = nullptr;      // [heads_q][total_q]
-  float* delta = nullptr;     // [heads_q][total_q]: D = rowsum(dO o O)
-  float* dq_accum = nullptr;  // [splits][total_q][heads_q][head_dim]
-  int splits = 1;             // > 1 only in deterministic mode
-};
-
-}  // namespace flashattn::cuda
 
 namespace flashattn::cuda::sm80 {
 
@@ -77,48 +67,6 @@ struct BwdTraits {
   static_assert(kWarps % kWarpsN == 0 && kWarps % 4 == 0, "warp layouts must tile the CTA");
   static_assert(kColsD12 % 16 == 0 && kColsD3 % 16 == 0 && kColsS % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
 };
-
-// Rows [q0, q0 + seqlen) of sequence b in the dense workspace arrays.
-__device__ __forceinline__ int64_t workspace_row0(const core::AttnShape& p, int64_t b) {
-  return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) : b * p.seqlen_q;
-}
-
-// ---- 1. preprocess ------------------------------------------------------------------------------
-
-// 8 threads per query row (16-byte vectors), 16 rows per 128-thread block.
-template <class E>
-__global__ void __launch_bounds__(128) backward_preprocess_kernel(const __grid_constant__ core::BackwardParams p,
-                                                                  BwdWorkspace ws) {
-  const int h = blockIdx.y, b = blockIdx.z;
-  int64_t q0 = 0, sq = p.seqlen_q;
-  if (p.cu_seqlens_q != nullptr) {
-    q0 = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - q0;
-  }
-  const int64_t row = int64_t(blockIdx.x) * 16 + threadIdx.x / 8;
-  const int part = threadIdx.x % 8;
-  float d = 0.f;
-  if (row < sq) {
-    const E* o = static_cast<const E*>(p.out) + p.o_s.offset(b, q0 + row, h);
-    const E* dout = static_cast<const E*>(p.dout) + p.do_s.offset(b, q0 + row, h);
-    for (int x = part * 8; x < p.head_dim; x += 64) {
-      uint4 ov = *reinterpret_cast<const uint4*>(o + x), gv = *reinterpret_cast<const uint4*>(dout + x);
-      const E* oe = reinterpret_cast<const E*>(&ov);
-      const E* ge = reinterpret_cast<const E*>(&gv);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) d += float(oe[i]) * float(ge[i]);
-    }
-  }
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
-  d += __shfl_xor_sync(0xffffffffu, d, 2);
-  d += __shfl_xor_sync(0xffffffffu, d, 4);
-  if (row < sq && part == 0) {
-    int64_t w = int64_t(h) * p.total_q + workspace_row0(p, b) + row;
-    float lse = static_cast<const float*>(p.lse)[p.lse_s.offset(b, q0 + row, h)];
-    ws.lse2[w] = core::backward_exponent_base(lse);
-    ws.delta[w] = d;
-  }
-}
 
 // ---- 3. convert ---------------------------------------------------------------------------------
 

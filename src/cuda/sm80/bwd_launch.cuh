@@ -50,7 +50,7 @@ void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
   check(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync (dq accumulator)");
 
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
-  sm80::backward_preprocess_kernel<Element><<<dim3(unsigned((p.seqlen_q + 15) / 16), hq, batch), 128, 0, stream>>>(p, ws);
+  backward_preprocess_kernel<Element><<<dim3(unsigned((p.seqlen_q + 15) / 16), hq, batch), 128, 0, stream>>>(p, ws);
   check_launch("flashattn backward preprocess kernel");
 
   auto kernel = p.softcap > 0.f ? sm80::backward_kernel<T, true> : sm80::backward_kernel<T, false>;

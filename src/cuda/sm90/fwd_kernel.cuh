@@ -36,6 +36,7 @@
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/swizzle.cuh"
 #include "cuda/sm90/tile_scheduler.h"
 
 namespace flashattn::cuda::sm90 {
@@ -87,14 +88,6 @@ struct FwdTraits {
   static_assert(kQStages == 1 || (kQStages == 2 && kSeparateO), "a second Q stage needs the O buffer too");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
-
-// Byte offset of element (row, col) of a tile stored as 128-byte swizzled column blocks of `rows`
-// rows each (what TMA's SWIZZLE_128B writes): the 16-byte chunk index is XORed with row % 8.
-template <int kRows>
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
-  int block = col / 64, byte = (col % 64) * 2;
-  return uint32_t(block * kRows * 128 + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15)));
-}
 
 // One work tile's coordinates and ranges, computed identically by the producer and the consumers.
 struct WorkTile {

@@ -1,0 +1,89 @@
+// What the two backward paths (portable sm80/, Hopper sm90/) share: the fp32 workspace of one call
+// and the preprocess kernel that fills its per-row part.
+//
+// Row layouts of lse2 and delta (and, per path, of the dQ accumulator):
+//   * dense (tile_m == 0, the portable path): [heads_q][total_q], rows of a sequence from
+//     workspace_row0(b);
+//   * tiled (tile_m > 0, the Hopper path): [heads_q][tiles_per_head][tile_m], a sequence's query
+//     tiles consecutive from tile_base(b), so that one query tile's values are one aligned,
+//     contiguous block the copy engine moves in a single bulk operation. Varlen sequences start at
+//     tile floor(cu_seqlens_q[b] / tile_m) + b: sequence b needs ceil(len / tile_m) tiles and
+//     floor(c1 / m) - floor(c0 / m) + 1 >= ceil((c1 - c0) / m), so sequences never share a tile,
+//     and tiles_per_head = total_q / tile_m + batch + 1 covers them all. Rows of a tile past its
+//     sequence are never written; kernels mask them (never multiply by them).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/params.h"
+#include "core/softmax_state.h"
+
+namespace flashattn::cuda {
+
+// Workspace of one backward call (fp32, allocated by the launcher).
+struct BwdWorkspace {
+  float* lse2 = nullptr;      // lse * log2(e), +inf for rows that saw nothing
+  float* delta = nullptr;     // D = rowsum(dO o O)
+  float* dq_accum = nullptr;  // [splits][...] in the path's own layout
+  int splits = 1;             // > 1 only in deterministic mode
+  int tile_m = 0;             // 0: dense rows; else tiled (see above)
+  int64_t tiles_per_head = 0;
+};
+
+// Rows [q0, q0 + seqlen) of sequence b in the dense workspace arrays.
+__host__ __device__ inline int64_t workspace_row0(const core::AttnShape& p, int64_t b) {
+  return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) : b * p.seqlen_q;
+}
+
+// First tile of sequence b in the tiled layout.
+__host__ __device__ inline int64_t tile_base(const core::AttnShape& p, int tile_m, int64_t b) {
+  return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) / tile_m + b
+                                   : b * ((p.seqlen_q + tile_m - 1) / tile_m);
+}
+
+// Index of (query head h, row `row` of sequence b) in lse2 / delta.
+__device__ __forceinline__ int64_t workspace_row(const core::AttnShape& p, const BwdWorkspace& ws, int h, int64_t b,
+                                                 int64_t row) {
+  if (ws.tile_m == 0) return int64_t(h) * p.total_q + workspace_row0(p, b) + row;
+  return (int64_t(h) * ws.tiles_per_head + tile_base(p, ws.tile_m, b)) * ws.tile_m + row;
+}
+
+// Per query row: D = rowsum(dO o O) and lse2 (src/core/softmax_state.h). 8 threads per row
+// (16-byte vectors), 16 rows per 128-thread block.
+template <class E>
+__global__ void __launch_bounds__(128) backward_preprocess_kernel(const __grid_constant__ core::BackwardParams p,
+                                                                  BwdWorkspace ws) {
+  const int h = blockIdx.y, b = blockIdx.z;
+  int64_t q0 = 0, sq = p.seqlen_q;
+  if (p.cu_seqlens_q != nullptr) {
+    q0 = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - q0;
+  }
+  const int64_t row = int64_t(blockIdx.x) * 16 + threadIdx.x / 8;
+  const int part = threadIdx.x % 8;
+  float d = 0.f;
+  if (row < sq) {
+    const E* o = static_cast<const E*>(p.out) + p.o_s.offset(b, q0 + row, h);
+    const E* dout = static_cast<const E*>(p.dout) + p.do_s.offset(b, q0 + row, h);
+    for (int x = part * 8; x < p.head_dim; x += 64) {
+      uint4 ov = *reinterpret_cast<const uint4*>(o + x), gv = *reinterpret_cast<const uint4*>(dout + x);
+      const E* oe = reinterpret_cast<const E*>(&ov);
+      const E* ge = reinterpret_cast<const E*>(&gv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d += float(oe[i]) * float(ge[i]);
+    }
+  }
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+  d += __shfl_xor_sync(0xffffffffu, d, 4);
+  if (row < sq && part == 0) {
+    const int64_t w = workspace_row(p, ws, h, b, row);
+    const float lse = static_cast<const float*>(p.lse)[p.lse_s.offset(b, q0 + row, h)];
+    ws.lse2[w] = core::backward_exponent_base(lse);
+    ws.delta[w] = d;
+  }
+}
+
+}  // namespace flashattn::cuda

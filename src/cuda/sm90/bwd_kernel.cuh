@@ -1,0 +1,454 @@
+// The Hopper backward kernel (sm_90a): FlashAttention-3's backward in our own CUDA C++.
+//
+// One CTA per (key tile of kBlockN = 128 keys, KV head, batch) keeps K_j and V_j in shared memory
+// and dK_j, dV_j in registers, and streams the query tiles (kBlockM rows) of every query head that
+// shares the KV head, so GQA needs no reduction afterwards. Warp specialization:
+//   * producer warpgroup, warp 0: one elected thread issues TMA loads of K and V (once per key
+//     tile) and, per query step, of Q and dO plus bulk copies of that tile's lse2 and delta rows
+//     (the tiled workspace layout of src/cuda/bwd_common.cuh) into a ring of stages on mbarriers;
+//   * producer warpgroup, warp 1: the dQ writer. Per step it waits for the consumers' fp32 dQ tile
+//     in shared memory and adds it to the global accumulator with one bulk reduce-add (the copy
+//     engine; no per-element atomics), double-buffered through named barriers;
+//   * two consumer warpgroups, 64 keys each. Per step, with the operands in the layout that needs
+//     no transposes:
+//       S^T = K Q^T and dP^T = V dO^T     (wgmma, both operands in shared memory, N = kBlockM)
+//       P^T = exp2(S^T c - lse2), dS^T = P^T o (dP^T - delta) * scale (softcap derivative)
+//       dV += P^T dO, dK += dS^T Q        (wgmma with P^T, dS^T from registers: the accumulator
+//                                           layout is the A-fragment layout; dO, Q MN-major)
+//       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
+//                                           MN-major; the two warpgroups split dQ's rows when
+//                                           kBlockM = 128, else its columns)
+//     dQ leaves in "fragment order": each thread's accumulators as consecutive float4s, so the
+//     shared-memory writes are conflict-free and the bulk reduce-add is one contiguous block; the
+//     convert kernel (below) knows the order and writes dq rows.
+// dK and dV are written once per key tile, straight from the accumulators.
+// Determinism: in deterministic mode the grid has `splits` CTAs per (KV head, batch), each with its
+// own dQ slice; a CTA's key tiles add into its slice in order (the writer waits for one key tile's
+// adds to complete before the next tile's), so each element's additions have a fixed order.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/block_range.h"
+#include "core/params.h"
+#include "core/softmax_state.h"
+#include "cuda/bwd_common.cuh"
+#include "cuda/ptx/sm80.cuh"
+#include "cuda/ptx/sm90.cuh"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/swizzle.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+struct BwdParams {
+  CUtensorMap tq, tk, tv, tdo;
+  core::BackwardParams p;
+  BwdWorkspace ws;
+};
+
+template <int kHeadDim_, class Element_, int kBlockM_, int kStages_, int kDqBuffers_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per step
+  static constexpr int kBlockN = 128;       // keys per CTA: 64 per consumer warpgroup
+  static constexpr int kStages = kStages_;  // Q/dO tiles in flight
+  static constexpr int kDqBuffers = kDqBuffers_;
+  static constexpr int kThreads = 384;
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
+  // dQ (kBlockM x d) between the two warpgroups: by rows when there are 128, else by columns.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr int kDqN = kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // Named barriers (0 is __syncthreads): dQ buffer full / empty (consumers + writer warp), then
+  // the consumers' "dS^T is in shared memory".
+  static constexpr int kDqFullBarrier = 1;
+  static constexpr int kDqEmptyBarrier = kDqFullBarrier + kDqBuffers;
+  static constexpr int kDsBarrier = kDqEmptyBarrier + kDqBuffers;
+  // mbarriers: K/V full and empty, then Q full, dO full, Q/dO empty per stage.
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kDqBuffers * kDqBytes +
+                                    2 * kStages * kBlockM * 4 + kBarrierBytes;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK, dV accumulators: d/2 + d/2 fp32 per thread");
+  static_assert(kBlockM == 64 || kBlockM == 128, "query tile");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+// The query steps of one key tile: query tiles [m_begin, m_begin + m_tiles) of each of the group's
+// query heads (head-major). Computed identically by every role.
+struct KeySteps {
+  int64_t m_begin, m_tiles;
+  int steps;
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ KeySteps key_steps(const core::MaskSpec& mask, int64_t n, int group) {
+  const int64_t key0 = n * BN;
+  const int64_t keys = mask.seqlen_k - key0 < BN ? mask.seqlen_k - key0 : BN;
+  int64_t first, last;
+  mask.rows_seeing(key0, key0 + keys, &first, &last);
+  KeySteps k;
+  k.m_begin = first / BM;
+  k.m_tiles = last > first ? (last + BM - 1) / BM - k.m_begin : 0;
+  k.steps = int(k.m_tiles * group);
+  return k;
+}
+
+template <class T, bool kSoftcap>
+__global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_constant__ BwdParams P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using E = typename T::Element;
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, NB = T::kDqBuffers;
+  const core::BackwardParams& p = P.p;
+  const BwdWorkspace& ws = P.ws;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sK = smem;
+  unsigned char* sV = sK + T::kKVBytes;
+  unsigned char* sQ = sV + T::kKVBytes;      // [S]
+  unsigned char* sdO = sQ + S * T::kQBytes;  // [S]
+  unsigned char* sdS = sdO + S * T::kQBytes;  // [2]: dS^T, [BN keys][BM queries]
+  float* sdQ = reinterpret_cast<float*>(sdS + 2 * T::kDsBytes);  // [NB][BM * D], fragment order
+  float* sLse = sdQ + NB * BM * D;                                // [S][BM]
+  float* sDelta = sLse + S * BM;                                  // [S][BM]
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(sDelta + S * BM);
+  uint64_t* kv_empty = kv_full + 1;
+  uint64_t* q_full = kv_empty + 1;
+  uint64_t* do_full = q_full + S;
+  uint64_t* qdo_empty = do_full + S;
+
+  if (threadIdx.x == 0) {
+    ptx::thread_mbarrier_init(kv_full, 1);
+    ptx::thread_mbarrier_init(kv_empty, 2);
+    for (int s = 0; s < S; ++s) {
+      ptx::thread_mbarrier_init(&q_full[s], 1);
+      ptx::thread_mbarrier_init(&do_full[s], 1);
+      ptx::thread_mbarrier_init(&qdo_empty[s], 2);
+    }
+    ptx::thread_fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int group = int(p.heads_q / p.heads_kv);
+  int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen) {
+    q0 = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - q0;
+    k0 = p.cu_seqlens_k[b];
+    sk = p.cu_seqlens_k[b + 1] - k0;
+  }
+  const core::MaskSpec mask{sq, sk, p.window_left, p.window_right};
+  const int64_t n_blocks = (sk + BN - 1) / BN;
+  const int64_t tile0 = tile_base(p, BM, b);
+  const bool deterministic = ws.splits > 1 || p.deterministic;
+  const int wg = int(threadIdx.x) / 128;
+
+  if (wg == 0) {
+    ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    if (warp == 0 && ptx::warp_elect_one()) {
+      // ---- loads ----
+      ptx::thread_prefetch_tensormap(&P.tq);
+      ptx::thread_prefetch_tensormap(&P.tk);
+      ptx::thread_prefetch_tensormap(&P.tv);
+      ptx::thread_prefetch_tensormap(&P.tdo);
+      const int tma_b = varlen ? 0 : b;
+      int kt = 0, it = 0;
+      for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
+        const KeySteps ks = key_steps<BM, BN>(mask, n, group);
+        if (ks.steps == 0) continue;
+        const int key0 = int(k0 + n * BN);
+        ptx::thread_mbarrier_wait(kv_empty, (uint32_t(kt) & 1u) ^ 1u);
+        ptx::thread_mbarrier_arrive_expect_tx(kv_full, 2 * T::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < T::kColBlocks; ++c) {
+          ptx::thread_tma_load_4d(sK + c * BN * 128, &P.tk, kv_full, 64 * c, key0, hk, tma_b);
+          ptx::thread_tma_load_4d(sV + c * BN * 128, &P.tv, kv_full, 64 * c, key0, hk, tma_b);
+        }
+        ++kt;
+        for (int s = 0; s < ks.steps; ++s, ++it) {
+          const int h = hk * group + int(s / ks.m_tiles);
+          const int64_t m = ks.m_begin + s % ks.m_tiles;
+          const int stage = it % S;
+          const int row = int(q0 + m * BM);
+          const int64_t w = (int64_t(h) * ws.tiles_per_head + tile0 + m) * BM;
+          ptx::thread_mbarrier_wait(&qdo_empty[stage], (uint32_t(it / S) & 1u) ^ 1u);
+          ptx::thread_mbarrier_arrive_expect_tx(&q_full[stage], T::kQBytes + BM * 4);
+#pragma unroll
+          for (int c = 0; c < T::kColBlocks; ++c)
+            ptx::thread_tma_load_4d(sQ + stage * T::kQBytes + c * BM * 128, &P.tq, &q_full[stage], 64 * c, row, h, tma_b);
+          ptx::thread_bulk_load(sLse + stage * BM, ws.lse2 + w, BM * 4, &q_full[stage]);
+          ptx::thread_mbarrier_arrive_expect_tx(&do_full[stage], T::kQBytes + BM * 4);
+#pragma unroll
+          for (int c = 0; c < T::kColBlocks; ++c)
+            ptx::thread_tma_load_4d(sdO + stage * T::kQBytes + c * BM * 128, &P.tdo, &do_full[stage], 64 * c, row, h,
+                                    tma_b);
+          ptx::thread_bulk_load(sDelta + stage * BM, ws.delta + w, BM * 4, &do_full[stage]);
+        }
+      }
+    } else if (warp == 1) {
+      // ---- dQ writer ----
+      float* slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
+      int it = 0;
+      for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
+        const KeySteps ks = key_steps<BM, BN>(mask, n, group);
+        // Deterministic: this key tile's additions start after the previous tile's completed.
+        if (deterministic && lane == 0) ptx::thread_bulk_wait_all();
+        for (int s = 0; s < ks.steps; ++s, ++it) {
+          const int h = hk * group + int(s / ks.m_tiles);
+          const int64_t m = ks.m_begin + s % ks.m_tiles;
+          const int buf = it % NB;
+          // The add that last read this buffer (NB steps ago) has finished reading it.
+          if (lane == 0) ptx::thread_bulk_wait_read<NB - 1>();
+          __syncwarp();
+          ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, 256 + 32);
+          ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
+          if (lane == 0) {
+            float* dst = slice + (int64_t(h) * ws.tiles_per_head + tile0 + m) * BM * D;
+            ptx::thread_bulk_reduce_add_f32(dst, sdQ + buf * BM * D, T::kDqBytes);
+            ptx::thread_bulk_commit();
+          }
+        }
+      }
+      if (lane == 0) ptx::thread_bulk_wait_all();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  ptx::warpgroup_reg_alloc<T::kConsumerRegs>();
+  const int cwg = wg - 1;  // keys [64 cwg, 64 cwg + 64) of the tile
+  const int tid = int(threadIdx.x) % 128;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int key_a = 64 * cwg + 16 * warp + g;  // this thread's key rows: key_a, key_a + 8
+  const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
+  const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
+  const float scale = p.scale;
+
+  // K-major descriptors of this warpgroup's K and V rows (S^T, dP^T: A operands), stepped by
+  // constant byte offsets / 16 as in the forward kernel.
+  const uint64_t k_desc = ptx::make_smem_desc_sw128(sK + cwg * 64 * 128, 16, 1024);
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(sV + cwg * 64 * 128, 16, 1024);
+  // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row), B = K MN-major.
+  const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(sK + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
+
+  int kt = 0, it = 0;
+  for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
+    const KeySteps ks = key_steps<BM, BN>(mask, n, group);
+    const int64_t key0 = n * BN;
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+    if (ks.steps > 0) {
+      ptx::thread_mbarrier_wait(kv_full, uint32_t(kt) & 1u);
+      for (int s = 0; s < ks.steps; ++s, ++it) {
+        const int64_t m = ks.m_begin + s % ks.m_tiles;
+        const int64_t m0 = m * BM;
+        const int rows = int(sq - m0 < BM ? sq - m0 : BM);
+        // Boundary steps (a partial tile, or keys a row must not see) mask element-wise; the test
+        // is uniform across the CTA, so the branches below stay warp-uniform.
+        const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
+        const int stage = it % S;
+        const uint32_t phase = uint32_t(it / S) & 1u;
+        unsigned char* sQs = sQ + stage * T::kQBytes;
+        unsigned char* sdOs = sdO + stage * T::kQBytes;
+        const uint64_t q_desc = ptx::make_smem_desc_sw128(sQs, 16, 1024);
+        const uint64_t do_desc = ptx::make_smem_desc_sw128(sdOs, 16, 1024);
+
+        float st[BM / 2], dp[BM / 2];
+        ptx::thread_mbarrier_wait(&q_full[stage], phase);
+        ptx::warpgroup_fence();
+#pragma unroll
+        for (int k = 0; k < D / 16; ++k) {
+          const int cb = k / 4, kk = k % 4;
+          ptx::Wgmma<E, BM>::template ss<0>(st, k_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                            q_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
+        }
+        ptx::warpgroup_commit();
+        ptx::thread_mbarrier_wait(&do_full[stage], phase);
+#pragma unroll
+        for (int k = 0; k < D / 16; ++k) {
+          const int cb = k / 4, kk = k % 4;
+          ptx::Wgmma<E, BM>::template ss<0>(dp, v_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                            do_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
+        }
+        ptx::warpgroup_commit();
+
+        // Accumulator i of this thread: key row key_a + 8 ((i >> 1) & 1), query column
+        // 8 (i >> 2) + 2t + (i & 1).
+        const float* lse2 = sLse + stage * BM;
+        const float* delta = sDelta + stage * BM;
+        auto visible = [&](int i) {
+          const int64_t qrow = m0 + 8 * (i >> 2) + 2 * t + (i & 1);
+          const int64_t key = key0 + key_a + 8 * ((i >> 1) & 1);
+          return qrow < sq && mask.visible(qrow, key);
+        };
+        ptx::warpgroup_wait<1>();
+        ptx::thread_pin(st);
+        if constexpr (!kSoftcap) {
+          // P^T while dP^T is still on the tensor cores.
+#pragma unroll
+          for (int i = 0; i < BM / 2; ++i) st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -lse2[8 * (i >> 2) + 2 * t + (i & 1)]));
+          if (masked) {
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i)
+              if (!visible(i)) st[i] = 0.f;
+          }
+        }
+        ptx::warpgroup_wait<0>();
+        ptx::thread_pin(dp);
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) {
+          const int col = 8 * (i >> 2) + 2 * t + (i & 1);
+          if constexpr (kSoftcap) {
+            const float u = ptx::thread_tanh(st[i] * tanh_scale);
+            st[i] = ptx::thread_exp2(fmaf(u, c_log2, -lse2[col]));
+            dp[i] = st[i] * (dp[i] - delta[col]) * scale * (1.f - u * u);
+          } else {
+            dp[i] = st[i] * (dp[i] - delta[col]) * scale;
+          }
+        }
+        if (masked) {
+          // Rows past the sequence have no lse2 / delta (never multiply by them): select.
+#pragma unroll
+          for (int i = 0; i < BM / 2; ++i)
+            if (!visible(i)) st[i] = dp[i] = 0.f;
+        }
+        uint32_t pf[BM / 4], dsf[BM / 4];
+#pragma unroll
+        for (int j = 0; j < BM / 4; ++j) {
+          pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+          dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
+        }
+        // dS^T to shared memory for dQ (both warpgroups' keys are needed there). Buffers alternate
+        // by step: a warpgroup reaches this step's barrier only after finishing the previous step,
+        // so the buffer written now was last read two steps ago by both.
+        unsigned char* sdSs = sdS + (it % 2) * T::kDsBytes;
+#pragma unroll
+        for (int j = 0; j < BM / 4; ++j)
+          *reinterpret_cast<uint32_t*>(sdSs + swizzled_offset<BN>(key_a + 8 * (j & 1), 8 * (j >> 1) + 2 * t)) = dsf[j];
+        ptx::thread_fence_proxy_async_smem();
+
+        // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B.
+        ptx::thread_pin(pf);
+        ptx::thread_pin(dsf);
+        ptx::thread_pin(dv);
+        ptx::thread_pin(dk);
+        ptx::warpgroup_fence();
+        const uint64_t do_mn = ptx::make_smem_desc_sw128(sdOs, BM * 128, 1024);
+        const uint64_t q_mn = ptx::make_smem_desc_sw128(sQs, BM * 128, 1024);
+#pragma unroll
+        for (int k = 0; k < BM / 16; ++k)
+          ptx::Wgmma<E, D>::template rs<1>(dv, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * k]),
+                                           do_mn + uint64_t((k * 2048) >> 4), 1);
+#pragma unroll
+        for (int k = 0; k < BM / 16; ++k)
+          ptx::Wgmma<E, D>::template rs<1>(dk, *reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * k]),
+                                           q_mn + uint64_t((k * 2048) >> 4), 1);
+        ptx::warpgroup_commit();
+
+        ptx::thread_named_sync(T::kDsBarrier, 256);
+        float dq[T::kDqN / 2];
+        ptx::thread_pin(dq);
+        ptx::warpgroup_fence();
+        const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024);
+#pragma unroll
+        for (int k = 0; k < BN / 16; ++k)
+          ptx::Wgmma<E, T::kDqN>::template ss<1, 1>(dq, ds_desc + uint64_t((k * 2048) >> 4),
+                                                     kmn_desc + uint64_t((k * 2048) >> 4), k > 0 ? 1 : 0);
+        ptx::warpgroup_commit();
+        ptx::warpgroup_wait<1>();
+        ptx::thread_pin(dv);
+        ptx::thread_pin(dk);
+        ptx::thread_pin(pf);
+        ptx::thread_pin(dsf);
+        if (tid == 0) ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
+        ptx::warpgroup_wait<0>();
+        ptx::thread_pin(dq);
+
+        // dQ to the writer warp's buffer, float4 c of thread tid of warpgroup cwg at
+        // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this).
+        const int buf = it % NB;
+        float* sdQb = sdQ + buf * BM * D;
+        ptx::thread_named_sync(T::kDqEmptyBarrier + buf, 256 + 32);
+#pragma unroll
+        for (int c = 0; c < T::kDqN / 8; ++c)
+          *reinterpret_cast<float4*>(sdQb + ((c * 2 + cwg) * 128 + tid) * 4) =
+              make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+        ptx::thread_fence_proxy_async_smem();
+        ptx::thread_named_arrive(T::kDqFullBarrier + buf, 256 + 32);
+      }
+      if (tid == 0) ptx::thread_mbarrier_arrive(kv_empty);
+      ++kt;
+    }
+
+    // dK, dV of this warpgroup's 64 keys, written once (zeros for keys no query sees).
+    const int keys_valid = int(sk - key0 < BN ? sk - key0 : BN);
+#pragma unroll
+    for (int i = 0; i < D / 2; i += 2) {
+      const int row = key_a + 8 * ((i >> 1) & 1);
+      const int col = 8 * (i >> 2) + 2 * t;
+      if (row >= keys_valid) continue;
+      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk) + col) =
+          ptx::thread_pack2<E>(dk[i], dk[i + 1]);
+      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk) + col) =
+          ptx::thread_pack2<E>(dv[i], dv[i + 1]);
+    }
+  }
+#endif
+}
+
+// dq = the sum of the dQ slices, un-permuted from fragment order: one CTA of 256 threads per
+// (query tile, head, batch), one float4 (2 rows x 2 columns) per thread per pass.
+template <class T>
+__global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
+                                                                  BwdWorkspace ws) {
+  using E = typename T::Element;
+  constexpr int BM = T::kBlockM, D = T::kHeadDim;
+  const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  int64_t q0 = 0, sq = p.seqlen_q;
+  if (p.cu_seqlens_q != nullptr) {
+    q0 = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - q0;
+  }
+  if (int64_t(m) * BM >= sq) return;
+  const int64_t slice = int64_t(p.heads_q) * ws.tiles_per_head * BM * D;
+  const float* acc = ws.dq_accum + (int64_t(h) * ws.tiles_per_head + tile_base(p, BM, b) + m) * BM * D;
+  for (int e = int(threadIdx.x); e < BM * D / 4; e += 256) {
+    const int c = e / 256, part = (e / 128) % 2, tid = e % 128;
+    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    int row = 16 * warp + g, col = 8 * c + 2 * t;
+    if (T::kDqSplitRows)
+      row += 64 * part;
+    else
+      col += part * T::kDqN;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < ws.splits; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(acc + s * slice + 4 * e);
+      v.x += x.x;
+      v.y += x.y;
+      v.z += x.z;
+      v.w += x.w;
+    }
+    const int64_t r = int64_t(m) * BM + row;
+    E* dq = static_cast<E*>(p.dq);
+    if (r < sq) *reinterpret_cast<uint32_t*>(dq + p.dq_s.offset(b, q0 + r, h) + col) = ptx::thread_pack2<E>(v.x, v.y);
+    if (r + 8 < sq)
+      *reinterpret_cast<uint32_t*>(dq + p.dq_s.offset(b, q0 + r + 8, h) + col) = ptx::thread_pack2<E>(v.z, v.w);
+  }
+}
+
+}  // namespace flashattn::cuda::sm90

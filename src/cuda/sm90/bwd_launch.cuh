@@ -1,0 +1,93 @@
+// Host launcher of the Hopper backward for one (head dim, dtype): tensor maps, workspace in the
+// tiled layout (src/cuda/bwd_common.cuh), preprocess, main and convert kernels on the caller's
+// stream. Included only by the generated instantiation files (src/cuda/instantiations/bwd_hopper_*).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/backward.h"
+#include "cuda/common.cuh"
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/tma.h"
+#include "cuda/tile_size.h"
+
+namespace flashattn::cuda {
+
+template <int kHeadDim, class Element, int kArch>
+bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
+  static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
+  constexpr HopperBwdTile tile = hopper_bwd_tile(kHeadDim);
+  using T = sm90::BwdTraits<kHeadDim, Element, tile.block_m, tile.stages, tile.dq_buffers>;
+  constexpr int BM = T::kBlockM;
+
+  // Maps first: if the driver rejects a layout, nothing has run and the portable path takes over.
+  sm90::BwdParams P{};
+  P.p = p;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  auto view = [&](const void* base, const core::Strides& s, int64_t rows, int64_t heads) {
+    sm90::TmaTensor t;
+    t.base = base;
+    t.head_dim = kHeadDim;
+    t.rows = rows;
+    t.heads = heads;
+    t.batch = varlen ? 1 : p.batch;
+    t.row_stride = s.row;
+    t.head_stride = s.head;
+    t.batch_stride = varlen ? 0 : s.batch;
+    return t;
+  };
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  if (!sm90::encode_tma_sw128(&P.tq, view(p.q, p.q_s, rows_q, p.heads_q), BM) ||
+      !sm90::encode_tma_sw128(&P.tdo, view(p.dout, p.do_s, rows_q, p.heads_q), BM) ||
+      !sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, rows_k, p.heads_kv), T::kBlockN) ||
+      !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, rows_k, p.heads_kv), T::kBlockN))
+    return false;
+
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  BwdWorkspace& ws = P.ws;
+  ws.tile_m = BM;
+  ws.tiles_per_head = varlen ? p.total_q / BM + p.batch + 1 : p.batch * ((p.seqlen_q + BM - 1) / BM);
+  // Deterministic mode: enough CTAs per (KV head, batch) to fill the GPU twice, each with its own
+  // dQ slice (the kernel's header explains the order).
+  ws.splits = 1;
+  if (p.deterministic) {
+    const int64_t ctas = std::max<int64_t>(1, p.heads_kv * p.batch);
+    ws.splits = int(std::clamp<int64_t>((2 * sms + ctas - 1) / ctas, 1, std::max<int64_t>(n_blocks, 1)));
+  }
+  const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
+  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kHeadDim * 4;
+  void* buffer = nullptr;
+  check(cudaMallocAsync(&buffer, size_t(rows) * 8 + accum_bytes, stream), "cudaMallocAsync (backward workspace)");
+  struct Release {
+    void* ptr;
+    cudaStream_t stream;
+    ~Release() { cudaFreeAsync(ptr, stream); }
+  } release{buffer, stream};
+  ws.lse2 = static_cast<float*>(buffer);
+  ws.delta = ws.lse2 + rows;
+  ws.dq_accum = ws.delta + rows;
+  check(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+
+  const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
+  backward_preprocess_kernel<Element><<<dim3(unsigned((p.seqlen_q + 15) / 16), hq, batch), 128, 0, stream>>>(p, ws);
+  check_launch("flashattn backward preprocess kernel");
+
+  auto kernel = p.softcap > 0.f ? sm90::backward_kernel<T, true> : sm90::backward_kernel<T, false>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+        "cudaFuncSetAttribute(backward, shared memory)");
+  const unsigned grid_x = unsigned(p.deterministic ? ws.splits : n_blocks);
+  if (grid_x > 0) {
+    kernel<<<dim3(grid_x, unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(P);
+    check_launch("flashattn backward kernel (Hopper path)");
+  }
+
+  sm90::backward_convert_dq_kernel<T><<<dim3(unsigned((p.seqlen_q + BM - 1) / BM), hq, batch), 256, 0, stream>>>(p, ws);
+  check_launch("flashattn backward dq conversion kernel");
+  return true;
+}
+
+}  // namespace flashattn::cuda
