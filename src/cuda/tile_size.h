@@ -117,8 +117,14 @@ struct HopperFwdTile {
   int q_stages;  // 2: the next tile's Q loads during this one's last steps (needs the O buffer)
 };
 
+// d=96 runs in d=128 tiles (the same shared memory and registers; S = Q K^T takes 6 k-steps
+// instead of 8, P V stays 128 columns wide with zeros past d). d=192 has tiles of its own: 3 column
+// blocks, P V one N=192 wgmma (O 96 fp32 per thread); block_n 112 is the widest whose K/V ring
+// fits beside Q (48 + 2x2x42 = 216 KB; 128 would need 240 KB), no O buffer (it does not fit).
+// Both unmeasured when added: they follow their neighbours' ping-pong and dynamic choices.
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
   if (head_dim <= 64) return {128, 3, 2, !causal, causal, 1};
-  if (head_dim <= 128) return {128, 2, 2, true, causal, 1};
+  if (head_dim <= 128) return {128, 2, 2, true, causal, 1};  // 96 and 128
+  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1};
   return {80, 2, 2, !causal, causal, 1};
 }

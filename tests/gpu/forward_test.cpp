@@ -249,7 +249,7 @@ TEST_F(GpuForward, ManyCausalTilesAcrossSms) {
 TEST_F(GpuForward, VarlenWithEmptySequences) {
   uint32_t seed = 400;
   for (bool causal : {false, true})
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 96, 128, 192}) {
       Case c;
       c.head_dim = d;
       c.causal = causal;

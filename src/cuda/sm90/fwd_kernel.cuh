@@ -56,7 +56,11 @@ template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kS
           int kQStages_ = 1>
 struct FwdTraits {
   using Element = Element_;
+  // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
+  // swizzle spans (d = 96 runs in d = 128 tiles: TMA zero-fills columns past d on load and clips
+  // them on store, S = Q K^T stops at d, and P V computes zero columns that are never stored).
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr int kStages = kStages_;
@@ -64,11 +68,12 @@ struct FwdTraits {
   static constexpr int kQStages = kQStages_;  // 2: the next tile's Q loads while this one runs
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
-  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle spans per row
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kPvN = kHeadDim < 128 ? kHeadDim : 128;  // O columns per P V wgmma
-  static constexpr int kPvParts = kHeadDim / kPvN;
+  static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
+  static constexpr int kQBytes = kBlockM * kTileDim * 2;
+  static constexpr int kKVBytes = kBlockN * kTileDim * 2;
+  // O columns per P V wgmma (N <= 192 in one instruction; 256 in two of 128).
+  static constexpr int kPvN = kTileDim <= 192 ? kTileDim : 128;
+  static constexpr int kPvParts = kTileDim / kPvN;
   // setmaxnreg budgets (FlashAttention-3's): 128*24 + 256*240 and 128*32 + 384*160 <= 64K.
   static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
@@ -83,7 +88,7 @@ struct FwdTraits {
   static constexpr int kSmemNoO = 1024 + kQStages * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static constexpr bool kSeparateO = kSmemNoO + kQBytes <= 227 * 1024;
   static constexpr int kSmemBytes = kSmemNoO + (kSeparateO ? kQBytes : 0);
-  static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
   static_assert(kQStages == 1 || (kQStages == 2 && kSeparateO), "a second Q stage needs the O buffer too");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -472,7 +477,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           const int row = row_a + 8 * ((i >> 1) & 1);
           const int col = part * T::kPvN + 8 * (i >> 2) + 2 * t;
           const float f = inv[(i >> 1) & 1];
-          if (row < w.rows_valid)
+          if (row < w.rows_valid && col < D)
             *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) =
                 ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f);
         }
