@@ -254,6 +254,21 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   // keeps the compiler from holding one 64-bit descriptor per k-step in registers.
   const uint64_t q_desc0 = ptx::make_smem_desc_sw128(sQ + cwg * 64 * 128, 16, 1024);
 
+  // Ping-pong turns: wait for this warpgroup's turn before issuing GEMMs, hand the turn to the
+  // next warpgroup of the ring after issuing. Every warpgroup takes count + 1 turns per work tile,
+  // so the ring runs on across tiles: the last warpgroup opens it once, the first absorbs the last
+  // hand-over after the final tile, and a warpgroup's epilogue runs while the next one already
+  // issues the next tile's first GEMMs. The opening and the absorbing barrier are predicated
+  // instructions, not branches: a branch on the warpgroup there made ptxas serialize the wgmmas.
+  auto turn_wait = [&] {
+    if constexpr (T::kPingPong) ptx::thread_named_sync(T::kTurnBarrier + cwg, 256);
+  };
+  auto turn_pass = [&] {
+    if constexpr (T::kPingPong) ptx::thread_named_arrive(T::kTurnBarrier + (cwg + 1) % T::kConsumerWGs, 256);
+  };
+  if constexpr (T::kPingPong)
+    ptx::thread_named_arrive_if(cwg == T::kConsumerWGs - 1, T::kTurnBarrier, 256);
+
   int it = 0, qt = 0;
   for (int j = 0;; ++j) {
     int idx = int(blockIdx.x) + j * int(gridDim.x);
@@ -368,15 +383,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           for (int i = 0; i < T::kPvN / 2; ++i) o[part][i] *= factor[(i >> 1) & 1];
       }
     };
-    // Ping-pong turns: wait for this warpgroup's turn before issuing GEMMs, hand the turn to the
-    // next warpgroup of the ring after issuing. The last warpgroup opens the first turn of a tile;
-    // the first absorbs the last hand-over at its end, so every barrier is balanced per tile.
-    auto turn_wait = [&] {
-      if constexpr (T::kPingPong) ptx::thread_named_sync(T::kTurnBarrier + cwg, 256);
-    };
-    auto turn_pass = [&] {
-      if constexpr (T::kPingPong) ptx::thread_named_arrive(T::kTurnBarrier + (cwg + 1) % T::kConsumerWGs, 256);
-    };
     // Registers a wgmma reads or accumulates into must be written before the warpgroup fence that
     // precedes it; pinning them there keeps the compiler from sinking those writes past the fence
     // (ptxas would then insert its own fence and serialize the wgmmas).
@@ -393,7 +399,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     };
 
     if (count > 0) {
-      if (cwg == T::kConsumerWGs - 1) turn_pass();
       ptx::thread_mbarrier_wait(&q_full[qs], uint32_t(qt / T::kQStages) & 1u);
       {
         // Prologue: the first (last-in-order) key tile's scores and softmax; O is still empty.
@@ -451,7 +456,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
         release(&v_empty[last % S]);
       }
-      if (cwg == 0) turn_wait();
       it += count;
       ++qt;
       release(&q_empty[qs]);  // this warpgroup's GEMMs are done with Q
@@ -519,6 +523,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       }
     }
   }
+  if constexpr (T::kPingPong) ptx::thread_named_sync_if(cwg == 0, T::kTurnBarrier, 256);
   // Shared memory must outlive the bulk stores that read it.
   if (T::kSeparateO && tid == 0) ptx::thread_bulk_wait_all();
 #endif
