@@ -108,6 +108,15 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 // with one stage against 581/612/617 with two (causal 463/577/578 against 440/569/584), d=64
 // within 3% either way (H200, 2026-11-29; the side-by-side log with two stages is
 // bench/results/h200_hopper_fwd_qstages2_2026-11-29.txt).
+// Since the ping-pong turn ring runs on across work tiles (one warpgroup's epilogue under the
+// next one's first GEMMs; bench/results/h200_hopper_fwd_ring_2026-11-29.txt, one build, sdpa_compare,
+// TFLOP/s at 2k/4k/8k/16k, ring per tile -> across tiles): d=64 non-causal 437/444/472/477 ->
+// 470/464/496/504 (ours/cuDNN 0.99 -> 1.06 at 2k); d=128 and d=256 within +-1.5% (their tiles
+// are two warpgroups and the gap there is not the epilogue). With the ring, ping-pong now pays
+// for causal d=64 too: 341/392/430 -> 351/401/445 at 2k/4k/8k; causal d=256 unchanged (485/579/602
+// without, 486/574/606 with), so it stays off. Releasing Q after the tile's last S instead of its
+// last P V (the next Q loads under the last P V and the epilogue) measured the same within 1-2%
+// (bench/results/h200_hopper_fwd_qrelease_2026-11-29.txt) and was not kept.
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
@@ -117,9 +126,18 @@ struct HopperFwdTile {
   int q_stages;  // 2: the next tile's Q loads during this one's last steps (needs the O buffer)
 };
 
+// d=96 runs in d=128 tiles (the same shared memory and registers; S = Q K^T takes 6 k-steps
+// instead of 8, P V stays 128 columns wide with zeros past d). d=192 has tiles of its own: 3 column
+// blocks, P V one N=192 wgmma (O 96 fp32 per thread); block_n 112 is the widest whose K/V ring
+// fits beside Q (48 + 2x2x42 = 216 KB; 128 would need 240 KB), no O buffer (it does not fit).
+// They follow their neighbours' ping-pong and dynamic choices (other shapes unmeasured). Measured
+// (H200, bf16, 16k tokens, hidden 2048 -> 21 heads at d=96, 10 at 192; TFLOP/s and ours/cuDNN at
+// 2k / 8k, bench/results/h200_hopper_fwd_ring_2026-11-29.txt): d=96 491 (1.08) / 491 (1.05),
+// causal 371 (1.00) / 454 (1.07); d=192 584 (0.96) / 670 (1.07), causal 478 (0.94) / 629 (1.11).
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
-  if (head_dim <= 64) return {128, 3, 2, !causal, causal, 1};
-  if (head_dim <= 128) return {128, 2, 2, true, causal, 1};
+  if (head_dim <= 64) return {128, 3, 2, true, causal, 1};
+  if (head_dim <= 128) return {128, 2, 2, true, causal, 1};  // 96 and 128
+  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1};
   return {80, 2, 2, !causal, causal, 1};
 }
 

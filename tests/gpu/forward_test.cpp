@@ -210,10 +210,27 @@ TEST_F(GpuForward, ManyCausalTilesAcrossSms) {
   }
 }
 
+// More tiles than SMs with the consumer warpgroups taking turns (ping-pong): the turn ring runs on
+// from one work tile to the next in each CTA (3 warpgroups at d=64, 2 at d=128; causal d=128
+// too). Few keys keep the reference cheap.
+TEST_F(GpuForward, ManyTilesPerCtaWithPingPong) {
+  uint32_t seed = 370;
+  for (auto [d, causal] : {std::pair<int64_t, bool>{64, false}, {128, false}, {128, true}}) {
+    Case c;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.seqlen_q = 9000;  // 47 tiles of 192 rows or 71 of 128 per head
+    c.seqlen_k = 200;
+    c.causal = causal;
+    c.head_dim = d;
+    check_case(c, seed++);
+  }
+}
+
 TEST_F(GpuForward, VarlenWithEmptySequences) {
   uint32_t seed = 400;
   for (bool causal : {false, true})
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 96, 128, 192}) {
       Case c;
       c.head_dim = d;
       c.causal = causal;

@@ -96,6 +96,29 @@ __global__ void bulk_reduce_kernel(float* gmem, int* ran) {
 #endif
 }
 
+// Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
+// warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
+// stray arrive or wait would leave barrier 2 unbalanced or hang).
+__global__ void named_barrier_if_kernel(int* out, int* ran) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ volatile int word;
+  const int warp = int(threadIdx.x) / 32;
+  if (threadIdx.x == 0) word = 0;
+  __syncthreads();
+  ptx::thread_named_arrive_if(false, 2, 64);
+  ptx::thread_named_sync_if(false, 2, 64);
+  if (warp == 1 && threadIdx.x == 32) word = 42;
+  ptx::thread_named_arrive_if(warp == 1, 1, 64);
+  ptx::thread_named_sync_if(warp == 0, 1, 64);
+  if (threadIdx.x == 0) {
+    *out = word;
+    *ran = 1;
+  }
+#else
+  if (threadIdx.x == 0) *ran = 0;
+#endif
+}
+
 // The Hopper forward's data path on one warpgroup: TMA loads (128-byte swizzle, two column blocks
 // of a 128-wide row) completing on an mbarrier; S = Q K^T with both operands K-major in shared
 // memory (wgmma ss, N = 64); P = bf16(S / 8) re-packed from the accumulator as register A
@@ -293,6 +316,19 @@ TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
   EXPECT_EQ(e[5], 0.f);  // exp2(-inf) = 0: what masked scores rely on
   cudaFree(dx);
   for (auto p : d) cudaFree(p);
+}
+
+TEST_F(Ptx, PredicatedNamedBarriersOnHopper) {
+  int *out = nullptr, *ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&out, 4));
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  FA_CUDA_OK(cudaMemset(out, 0, 4));
+  named_barrier_if_kernel<<<1, 64>>>(out, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "named barrier wrappers need sm90";
+  EXPECT_EQ(to_host(out, 1)[0], 42);
+  cudaFree(out);
+  cudaFree(ran);
 }
 
 TEST_F(Ptx, BulkReduceAddsRowsOnHopper) {

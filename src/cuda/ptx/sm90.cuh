@@ -196,6 +196,20 @@ __device__ __forceinline__ void thread_named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The same, done only where `pred` holds, as a predicated instruction: no branch for the compiler
+// to treat as divergent (a branch around a barrier ahead of wgmma code can make ptxas serialize
+// the wgmmas, C7520).
+__device__ __forceinline__ void thread_named_sync_if(bool pred, int id, int threads) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p bar.sync %1, %2;\n}\n" ::"r"(int(pred)), "r"(id),
+               "r"(threads)
+               : "memory");
+}
+__device__ __forceinline__ void thread_named_arrive_if(bool pred, int id, int threads) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p bar.arrive %1, %2;\n}\n" ::"r"(int(pred)), "r"(id),
+               "r"(threads)
+               : "memory");
+}
+
 // True in exactly one lane of the (converged) warp.
 __device__ __forceinline__ bool warp_elect_one() {
   uint32_t pred = 0;

@@ -57,7 +57,11 @@ template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kS
           int kQStages_ = 1>
 struct FwdTraits {
   using Element = Element_;
+  // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
+  // swizzle spans (d = 96 runs in d = 128 tiles: TMA zero-fills columns past d on load and clips
+  // them on store, S = Q K^T stops at d, and P V computes zero columns that are never stored).
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr int kStages = kStages_;
@@ -65,11 +69,12 @@ struct FwdTraits {
   static constexpr int kQStages = kQStages_;  // 2: the next tile's Q loads while this one runs
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
-  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle spans per row
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kPvN = kHeadDim < 128 ? kHeadDim : 128;  // O columns per P V wgmma
-  static constexpr int kPvParts = kHeadDim / kPvN;
+  static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
+  static constexpr int kQBytes = kBlockM * kTileDim * 2;
+  static constexpr int kKVBytes = kBlockN * kTileDim * 2;
+  // O columns per P V wgmma (N <= 192 in one instruction; 256 in two of 128).
+  static constexpr int kPvN = kTileDim <= 192 ? kTileDim : 128;
+  static constexpr int kPvParts = kTileDim / kPvN;
   // setmaxnreg budgets (FlashAttention-3's): 128*24 + 256*240 and 128*32 + 384*160 <= 64K.
   static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
@@ -84,7 +89,7 @@ struct FwdTraits {
   static constexpr int kSmemNoO = 1024 + kQStages * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static constexpr bool kSeparateO = kSmemNoO + kQBytes <= 227 * 1024;
   static constexpr int kSmemBytes = kSmemNoO + (kSeparateO ? kQBytes : 0);
-  static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
   static_assert(kQStages == 1 || (kQStages == 2 && kSeparateO), "a second Q stage needs the O buffer too");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -242,6 +247,21 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   // keeps the compiler from holding one 64-bit descriptor per k-step in registers.
   const uint64_t q_desc0 = ptx::make_smem_desc_sw128(sQ + cwg * 64 * 128, 16, 1024);
 
+  // Ping-pong turns: wait for this warpgroup's turn before issuing GEMMs, hand the turn to the
+  // next warpgroup of the ring after issuing. Every warpgroup takes count + 1 turns per work tile,
+  // so the ring runs on across tiles: the last warpgroup opens it once, the first absorbs the last
+  // hand-over after the final tile, and a warpgroup's epilogue runs while the next one already
+  // issues the next tile's first GEMMs. The opening and the absorbing barrier are predicated
+  // instructions, not branches: a branch on the warpgroup there made ptxas serialize the wgmmas.
+  auto turn_wait = [&] {
+    if constexpr (T::kPingPong) ptx::thread_named_sync(T::kTurnBarrier + cwg, 256);
+  };
+  auto turn_pass = [&] {
+    if constexpr (T::kPingPong) ptx::thread_named_arrive(T::kTurnBarrier + (cwg + 1) % T::kConsumerWGs, 256);
+  };
+  if constexpr (T::kPingPong)
+    ptx::thread_named_arrive_if(cwg == T::kConsumerWGs - 1, T::kTurnBarrier, 256);
+
   int it = 0, qt = 0;
   for (int j = 0;; ++j) {
     int idx = int(blockIdx.x) + j * int(gridDim.x);
@@ -356,15 +376,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           for (int i = 0; i < T::kPvN / 2; ++i) o[part][i] *= factor[(i >> 1) & 1];
       }
     };
-    // Ping-pong turns: wait for this warpgroup's turn before issuing GEMMs, hand the turn to the
-    // next warpgroup of the ring after issuing. The last warpgroup opens the first turn of a tile;
-    // the first absorbs the last hand-over at its end, so every barrier is balanced per tile.
-    auto turn_wait = [&] {
-      if constexpr (T::kPingPong) ptx::thread_named_sync(T::kTurnBarrier + cwg, 256);
-    };
-    auto turn_pass = [&] {
-      if constexpr (T::kPingPong) ptx::thread_named_arrive(T::kTurnBarrier + (cwg + 1) % T::kConsumerWGs, 256);
-    };
     // Registers a wgmma reads or accumulates into must be written before the warpgroup fence that
     // precedes it; pinning them there keeps the compiler from sinking those writes past the fence
     // (ptxas would then insert its own fence and serialize the wgmmas).
@@ -381,7 +392,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     };
 
     if (count > 0) {
-      if (cwg == T::kConsumerWGs - 1) turn_pass();
       ptx::thread_mbarrier_wait(&q_full[qs], uint32_t(qt / T::kQStages) & 1u);
       {
         // Prologue: the first (last-in-order) key tile's scores and softmax; O is still empty.
@@ -439,7 +449,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
         release(&v_empty[last % S]);
       }
-      if (cwg == 0) turn_wait();
       it += count;
       ++qt;
       release(&q_empty[qs]);  // this warpgroup's GEMMs are done with Q
@@ -465,7 +474,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           const int row = row_a + 8 * ((i >> 1) & 1);
           const int col = part * T::kPvN + 8 * (i >> 2) + 2 * t;
           const float f = inv[(i >> 1) & 1];
-          if (row < w.rows_valid)
+          if (row < w.rows_valid && col < D)
             *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) =
                 ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f);
         }
@@ -507,6 +516,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       }
     }
   }
+  if constexpr (T::kPingPong) ptx::thread_named_sync_if(cwg == 0, T::kTurnBarrier, 256);
   // Shared memory must outlive the bulk stores that read it.
   if (T::kSeparateO && tid == 0) ptx::thread_bulk_wait_all();
 #endif
