@@ -12,7 +12,8 @@
 //   * two consumer warpgroups, 64 keys each. Per step, with the operands in the layout that needs
 //     no transposes:
 //       S^T = K Q^T and dP^T = V dO^T     (wgmma, both operands in shared memory, N = kBlockM)
-//       P^T = exp2(S^T c - lse2), dS^T = P^T o (dP^T - delta) * scale (softcap derivative)
+//       P^T = exp2(S^T c - lse2), dS^T = P^T o (dP^T - delta) (softcap derivative; the softmax
+//                                           scale is applied once to dK and dQ at the end)
 //       dV += P^T dO, dK += dS^T Q        (wgmma with P^T, dS^T from registers: the accumulator
 //                                           layout is the A-fragment layout; dO, Q MN-major)
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     for (int s = 0; s < S; ++s) {
       ptx::thread_mbarrier_init(&q_full[s], 1);
       ptx::thread_mbarrier_init(&do_full[s], 1);
-      ptx::thread_mbarrier_init(&qdo_empty[s], 2);
+      ptx::thread_mbarrier_init(&qdo_empty[s], 8);  // every consumer warp
     }
     ptx::thread_fence_mbarrier_init();
   }
@@ -234,7 +235,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const int key_a = 64 * cwg + 16 * warp + g;  // this thread's key rows: key_a, key_a + 8
   const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
-  const float scale = p.scale;
 
   // K-major descriptors of this warpgroup's K and V rows (S^T, dP^T: A operands), stepped by
   // constant byte offsets / 16 as in the forward kernel.
@@ -243,6 +243,46 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row), B = K MN-major.
   const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
   const uint64_t kmn_desc = ptx::make_smem_desc_sw128(sK + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
+
+  // Per step `it`: S^T and dP^T into st, dp (both operands in shared memory).
+  auto issue_sdp = [&](float(&st)[BM / 2], float(&dp)[BM / 2], int it) {
+    const int stage = it % S;
+    const uint32_t phase = uint32_t(it / S) & 1u;
+    const uint64_t q_desc = ptx::make_smem_desc_sw128(sQ + stage * T::kQBytes, 16, 1024);
+    const uint64_t do_desc = ptx::make_smem_desc_sw128(sdO + stage * T::kQBytes, 16, 1024);
+    ptx::thread_mbarrier_wait(&q_full[stage], phase);
+    ptx::thread_pin(st);
+    ptx::thread_pin(dp);
+    ptx::warpgroup_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const int cb = k / 4, kk = k % 4;
+      ptx::Wgmma<E, BM>::template ss<0>(st, k_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                        q_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
+    }
+    ptx::warpgroup_commit();
+    ptx::thread_mbarrier_wait(&do_full[stage], phase);
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const int cb = k / 4, kk = k % 4;
+      ptx::Wgmma<E, BM>::template ss<0>(dp, v_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                        do_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
+    }
+    ptx::warpgroup_commit();
+  };
+  // dQ of step `it` to the writer warp's buffer: float4 c of thread tid of warpgroup cwg at
+  // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this).
+  auto store_dq = [&](const float(&dq)[T::kDqN / 2], int it) {
+    const int buf = it % NB;
+    float* sdQb = sdQ + buf * BM * D;
+    ptx::thread_named_sync(T::kDqEmptyBarrier + buf, 256 + 32);
+#pragma unroll
+    for (int c = 0; c < T::kDqN / 8; ++c)
+      *reinterpret_cast<float4*>(sdQb + ((c * 2 + cwg) * 128 + tid) * 4) =
+          make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+    ptx::thread_fence_proxy_async_smem();
+    ptx::thread_named_arrive(T::kDqFullBarrier + buf, 256 + 32);
+  };
 
   int kt = 0, it = 0;
   for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
@@ -253,60 +293,50 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
     if (ks.steps > 0) {
+      // (Issuing step s+1's S^T and dP^T before storing step s's dQ keeps dQ live beside them:
+      // 224 accumulator registers, and ptxas spilled inside the loop.)
       ptx::thread_mbarrier_wait(kv_full, uint32_t(kt) & 1u);
       for (int s = 0; s < ks.steps; ++s, ++it) {
-        const int64_t m = ks.m_begin + s % ks.m_tiles;
-        const int64_t m0 = m * BM;
+        float st[BM / 2], dp[BM / 2];
+        issue_sdp(st, dp, it);
+        const int64_t m0 = (ks.m_begin + s % ks.m_tiles) * BM;
         const int rows = int(sq - m0 < BM ? sq - m0 : BM);
         // Boundary steps (a partial tile, or keys a row must not see) mask element-wise; the test
         // is uniform across the CTA, so the branches below stay warp-uniform.
         const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
         const int stage = it % S;
-        const uint32_t phase = uint32_t(it / S) & 1u;
         unsigned char* sQs = sQ + stage * T::kQBytes;
         unsigned char* sdOs = sdO + stage * T::kQBytes;
-        const uint64_t q_desc = ptx::make_smem_desc_sw128(sQs, 16, 1024);
-        const uint64_t do_desc = ptx::make_smem_desc_sw128(sdOs, 16, 1024);
-
-        float st[BM / 2], dp[BM / 2];
-        ptx::thread_mbarrier_wait(&q_full[stage], phase);
-        ptx::warpgroup_fence();
-#pragma unroll
-        for (int k = 0; k < D / 16; ++k) {
-          const int cb = k / 4, kk = k % 4;
-          ptx::Wgmma<E, BM>::template ss<0>(st, k_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
-                                            q_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
-        }
-        ptx::warpgroup_commit();
-        ptx::thread_mbarrier_wait(&do_full[stage], phase);
-#pragma unroll
-        for (int k = 0; k < D / 16; ++k) {
-          const int cb = k / 4, kk = k % 4;
-          ptx::Wgmma<E, BM>::template ss<0>(dp, v_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
-                                            do_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
-        }
-        ptx::warpgroup_commit();
 
         // Accumulator i of this thread: key row key_a + 8 ((i >> 1) & 1), query column
         // 8 (i >> 2) + 2t + (i & 1).
         const float* lse2 = sLse + stage * BM;
         const float* delta = sDelta + stage * BM;
-        auto visible = [&](int i) {
-          const int64_t qrow = m0 + 8 * (i >> 2) + 2 * t + (i & 1);
-          const int64_t key = key0 + key_a + 8 * ((i >> 1) & 1);
-          return qrow < sq && mask.visible(qrow, key);
-        };
+        // Boundary steps: bit i set when element i is visible (query row inside the sequence and
+        // key inside the row's range); rows past the sequence have no lse2 / delta, so masked
+        // elements are selected to 0, never multiplied.
+        static_assert(BM / 2 <= 64, "visibility bits");
+        uint64_t vis = ~uint64_t(0);
+        if (masked) {
+          vis = 0;
+          const int64_t key = key0 + key_a;
+#pragma unroll
+          for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int64_t qrow = m0 + 8 * j + 2 * t + e;
+              const int64_t lo = mask.lo(qrow), hi = mask.hi(qrow);
+#pragma unroll
+              for (int rr = 0; rr < 2; ++rr)
+                if (qrow < sq && key + 8 * rr >= lo && key + 8 * rr < hi) vis |= uint64_t(1) << (4 * j + 2 * rr + e);
+            }
+        }
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
           // P^T while dP^T is still on the tensor cores.
 #pragma unroll
           for (int i = 0; i < BM / 2; ++i) st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -lse2[8 * (i >> 2) + 2 * t + (i & 1)]));
-          if (masked) {
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i)
-              if (!visible(i)) st[i] = 0.f;
-          }
         }
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dp);
@@ -316,16 +346,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           if constexpr (kSoftcap) {
             const float u = ptx::thread_tanh(st[i] * tanh_scale);
             st[i] = ptx::thread_exp2(fmaf(u, c_log2, -lse2[col]));
-            dp[i] = st[i] * (dp[i] - delta[col]) * scale * (1.f - u * u);
+            dp[i] = st[i] * (dp[i] - delta[col]) * (1.f - u * u);
           } else {
-            dp[i] = st[i] * (dp[i] - delta[col]) * scale;
+            dp[i] = st[i] * (dp[i] - delta[col]);
           }
         }
         if (masked) {
-          // Rows past the sequence have no lse2 / delta (never multiply by them): select.
 #pragma unroll
           for (int i = 0; i < BM / 2; ++i)
-            if (!visible(i)) st[i] = dp[i] = 0.f;
+            if (!((vis >> i) & 1)) st[i] = dp[i] = 0.f;
         }
         uint32_t pf[BM / 4], dsf[BM / 4];
 #pragma unroll
@@ -334,8 +363,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
         }
         // dS^T to shared memory for dQ (both warpgroups' keys are needed there). Buffers alternate
-        // by step: a warpgroup reaches this step's barrier only after finishing the previous step,
-        // so the buffer written now was last read two steps ago by both.
+        // by step: a warpgroup reaches this step's barrier only after its previous dQ product
+        // completed, so the buffer written now is no longer read by anyone.
         unsigned char* sdSs = sdS + (it % 2) * T::kDsBytes;
 #pragma unroll
         for (int j = 0; j < BM / 4; ++j)
@@ -375,27 +404,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::thread_pin(dk);
         ptx::thread_pin(pf);
         ptx::thread_pin(dsf);
-        if (tid == 0) ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
+        // Every warp releases the stage after its own reads of lse2 / delta (and the products on
+        // Q and dO are done).
+        __syncwarp();
+        if (lane == 0) ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
-
-        // dQ to the writer warp's buffer, float4 c of thread tid of warpgroup cwg at
-        // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this).
-        const int buf = it % NB;
-        float* sdQb = sdQ + buf * BM * D;
-        ptx::thread_named_sync(T::kDqEmptyBarrier + buf, 256 + 32);
-#pragma unroll
-        for (int c = 0; c < T::kDqN / 8; ++c)
-          *reinterpret_cast<float4*>(sdQb + ((c * 2 + cwg) * 128 + tid) * 4) =
-              make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
-        ptx::thread_fence_proxy_async_smem();
-        ptx::thread_named_arrive(T::kDqFullBarrier + buf, 256 + 32);
+        store_dq(dq, it);
       }
       if (tid == 0) ptx::thread_mbarrier_arrive(kv_empty);
       ++kt;
     }
 
-    // dK, dV of this warpgroup's 64 keys, written once (zeros for keys no query sees).
+    // dK (times the softmax scale), dV of this warpgroup's 64 keys, written once (zeros for keys
+    // no query sees).
     const int keys_valid = int(sk - key0 < BN ? sk - key0 : BN);
 #pragma unroll
     for (int i = 0; i < D / 2; i += 2) {
@@ -403,7 +425,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       const int col = 8 * (i >> 2) + 2 * t;
       if (row >= keys_valid) continue;
       *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk) + col) =
-          ptx::thread_pack2<E>(dk[i], dk[i + 1]);
+          ptx::thread_pack2<E>(dk[i] * p.scale, dk[i + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk) + col) =
           ptx::thread_pack2<E>(dv[i], dv[i + 1]);
     }
@@ -411,8 +433,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 #endif
 }
 
-// dq = the sum of the dQ slices, un-permuted from fragment order: one CTA of 256 threads per
-// (query tile, head, batch), one float4 (2 rows x 2 columns) per thread per pass.
+// dq = the softmax scale times the sum of the dQ slices, un-permuted from fragment order: one CTA
+// of 256 threads per (query tile, head, batch), one float4 (2 rows x 2 columns) per thread per pass.
 template <class T>
 __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
                                                                   BwdWorkspace ws) {
@@ -443,6 +465,10 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
       v.z += x.z;
       v.w += x.w;
     }
+    v.x *= p.scale;
+    v.y *= p.scale;
+    v.z *= p.scale;
+    v.w *= p.scale;
     const int64_t r = int64_t(m) * BM + row;
     E* dq = static_cast<E*>(p.dq);
     if (r < sq) *reinterpret_cast<uint32_t*>(dq + p.dq_s.offset(b, q0 + r, h) + col) = ptx::thread_pack2<E>(v.x, v.y);
