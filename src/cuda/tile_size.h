@@ -149,7 +149,8 @@ namespace flashattn::cuda {
 // block_m (2 bytes each) + dq_buffers fp32 dQ tiles of block_m * d, <= 227 KB.
 //   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
 //          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
-//   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32.
+//   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32
+//          (d=96 runs in these tiles, src/cuda/sm90/bwd_launch.cuh).
 struct HopperBwdTile {
   int block_m;
   int stages;      // Q/dO tiles in flight

@@ -405,7 +405,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::thread_pin(pf);
         ptx::thread_pin(dsf);
         // Every warp releases the stage after its own reads of lse2 / delta (and the products on
-        // Q and dO are done).
+        // Q and dO are done); the proxy fence orders those generic reads before the copy engine's
+        // next writes to the stage.
+        ptx::thread_fence_proxy_async_smem();
         __syncwarp();
         if (lane == 0) ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
         ptx::warpgroup_wait<0>();
@@ -423,7 +425,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     for (int i = 0; i < D / 2; i += 2) {
       const int row = key_a + 8 * ((i >> 1) & 1);
       const int col = 8 * (i >> 2) + 2 * t;
-      if (row >= keys_valid) continue;
+      if (row >= keys_valid || col >= p.head_dim) continue;
       *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk) + col) =
           ptx::thread_pack2<E>(dk[i] * p.scale, dk[i + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk) + col) =
@@ -470,6 +472,7 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
     v.z *= p.scale;
     v.w *= p.scale;
     const int64_t r = int64_t(m) * BM + row;
+    if (col >= p.head_dim) continue;
     E* dq = static_cast<E*>(p.dq);
     if (r < sq) *reinterpret_cast<uint32_t*>(dq + p.dq_s.offset(b, q0 + r, h) + col) = ptx::thread_pack2<E>(v.x, v.y);
     if (r + 8 < sq)

@@ -17,8 +17,12 @@ namespace flashattn::cuda {
 template <int kHeadDim, class Element, int kArch>
 bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
-  constexpr HopperBwdTile tile = hopper_bwd_tile(kHeadDim);
-  using T = sm90::BwdTraits<kHeadDim, Element, tile.block_m, tile.stages, tile.dq_buffers>;
+  // Head dims between multiples of 64 (96) run in the next kernel width: the TMA maps carry the
+  // real d, so loads zero-fill the extra columns (which then add nothing to any product), and the
+  // stores of dk, dv and dq stop at d.
+  constexpr int kWidth = (kHeadDim + 63) / 64 * 64;
+  constexpr HopperBwdTile tile = hopper_bwd_tile(kWidth);
+  using T = sm90::BwdTraits<kWidth, Element, tile.block_m, tile.stages, tile.dq_buffers>;
   constexpr int BM = T::kBlockM;
 
   // Maps first: if the driver rejects a layout, nothing has run and the portable path takes over.
@@ -66,7 +70,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
     }
   }
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
-  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kHeadDim * 4;
+  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kWidth * 4;
   void* buffer = nullptr;
   check(cudaMallocAsync(&buffer, size_t(rows) * 8 + accum_bytes, stream), "cudaMallocAsync (backward workspace)");
   struct Release {
