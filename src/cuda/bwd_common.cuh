@@ -19,6 +19,7 @@
 
 #include "core/params.h"
 #include "core/softmax_state.h"
+#include "cuda/common.cuh"
 
 namespace flashattn::cuda {
 
@@ -32,6 +33,16 @@ struct BwdWorkspace {
   int64_t tiles_per_head = 0;
 };
 
+// First query row of sequence b in the (packed, for varlen) tensors and its length.
+__device__ __forceinline__ void query_rows(const core::AttnShape& p, int64_t b, int64_t* q0, int64_t* sq) {
+  *q0 = 0;
+  *sq = p.seqlen_q;
+  if (p.cu_seqlens_q != nullptr) {
+    *q0 = p.cu_seqlens_q[b];
+    *sq = p.cu_seqlens_q[b + 1] - *q0;
+  }
+}
+
 // Rows [q0, q0 + seqlen) of sequence b in the dense workspace arrays.
 __host__ __device__ inline int64_t workspace_row0(const core::AttnShape& p, int64_t b) {
   return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) : b * p.seqlen_q;
@@ -42,6 +53,23 @@ __host__ __device__ inline int64_t tile_base(const core::AttnShape& p, int tile_
   return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) / tile_m + b
                                    : b * ((p.seqlen_q + tile_m - 1) / tile_m);
 }
+
+// The call's workspace memory: stream-ordered (no host synchronization), freed on the stream
+// when the launcher returns, after the kernels queued before it.
+class WorkspaceMemory {
+ public:
+  WorkspaceMemory(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    check(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (backward workspace)");
+  }
+  ~WorkspaceMemory() { cudaFreeAsync(ptr_, stream_); }
+  WorkspaceMemory(const WorkspaceMemory&) = delete;
+  WorkspaceMemory& operator=(const WorkspaceMemory&) = delete;
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
 
 // Index of (query head h, row `row` of sequence b) in lse2 / delta.
 __device__ __forceinline__ int64_t workspace_row(const core::AttnShape& p, const BwdWorkspace& ws, int h, int64_t b,
@@ -56,11 +84,8 @@ template <class E>
 __global__ void __launch_bounds__(128) backward_preprocess_kernel(const __grid_constant__ core::BackwardParams p,
                                                                   BwdWorkspace ws) {
   const int h = blockIdx.y, b = blockIdx.z;
-  int64_t q0 = 0, sq = p.seqlen_q;
-  if (p.cu_seqlens_q != nullptr) {
-    q0 = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - q0;
-  }
+  int64_t q0, sq;
+  query_rows(p, b, &q0, &sq);
   const int64_t row = int64_t(blockIdx.x) * 16 + threadIdx.x / 8;
   const int part = threadIdx.x % 8;
   float d = 0.f;

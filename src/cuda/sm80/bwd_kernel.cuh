@@ -75,11 +75,8 @@ template <class E>
 __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
                                                                   BwdWorkspace ws) {
   const int h = blockIdx.y, b = blockIdx.z;
-  int64_t q0 = 0, sq = p.seqlen_q;
-  if (p.cu_seqlens_q != nullptr) {
-    q0 = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - q0;
-  }
+  int64_t q0, sq;
+  query_rows(p, b, &q0, &sq);
   const int chunks = int(p.head_dim / 8);
   const int64_t idx = int64_t(blockIdx.x) * 128 + threadIdx.x;
   const int64_t row = idx / chunks;

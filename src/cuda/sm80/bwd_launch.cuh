@@ -37,14 +37,8 @@ void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
   const int64_t rows = p.total_q * p.heads_q;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows * p.head_dim) * 4;
   const size_t bytes = size_t(rows) * 8 + accum_bytes;
-  void* buffer = nullptr;
-  check(cudaMallocAsync(&buffer, bytes, stream), "cudaMallocAsync (backward workspace)");
-  struct Release {
-    void* ptr;
-    cudaStream_t stream;
-    ~Release() { cudaFreeAsync(ptr, stream); }
-  } release{buffer, stream};
-  ws.lse2 = static_cast<float*>(buffer);
+  const WorkspaceMemory memory(bytes, stream);
+  ws.lse2 = memory.floats();
   ws.delta = ws.lse2 + rows;
   ws.dq_accum = ws.delta + rows;
   check(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync (dq accumulator)");

@@ -443,11 +443,8 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
   using E = typename T::Element;
   constexpr int BM = T::kBlockM, D = T::kHeadDim;
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  int64_t q0 = 0, sq = p.seqlen_q;
-  if (p.cu_seqlens_q != nullptr) {
-    q0 = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - q0;
-  }
+  int64_t q0, sq;
+  query_rows(p, b, &q0, &sq);
   if (int64_t(m) * BM >= sq) return;
   const int64_t slice = int64_t(p.heads_q) * ws.tiles_per_head * BM * D;
   const float* acc = ws.dq_accum + (int64_t(h) * ws.tiles_per_head + tile_base(p, BM, b) + m) * BM * D;

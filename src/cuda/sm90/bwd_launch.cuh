@@ -29,23 +29,13 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   sm90::BwdParams P{};
   P.p = p;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  auto view = [&](const void* base, const core::Strides& s, int64_t rows, int64_t heads) {
-    sm90::TmaTensor t;
-    t.base = base;
-    t.head_dim = kHeadDim;
-    t.rows = rows;
-    t.heads = heads;
-    t.batch = varlen ? 1 : p.batch;
-    t.row_stride = s.row;
-    t.head_stride = s.head;
-    t.batch_stride = varlen ? 0 : s.batch;
-    return t;
+  auto view = [&](const void* base, const core::Strides& s, int64_t heads, bool keys) {
+    return sm90::tma_view(p, base, s, heads, kHeadDim, keys);
   };
-  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  if (!sm90::encode_tma_sw128(&P.tq, view(p.q, p.q_s, rows_q, p.heads_q), BM) ||
-      !sm90::encode_tma_sw128(&P.tdo, view(p.dout, p.do_s, rows_q, p.heads_q), BM) ||
-      !sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, rows_k, p.heads_kv), T::kBlockN) ||
-      !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, rows_k, p.heads_kv), T::kBlockN))
+  if (!sm90::encode_tma_sw128(&P.tq, view(p.q, p.q_s, p.heads_q, false), BM) ||
+      !sm90::encode_tma_sw128(&P.tdo, view(p.dout, p.do_s, p.heads_q, false), BM) ||
+      !sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), T::kBlockN) ||
+      !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN))
     return false;
 
   int device = 0, sms = 0;
@@ -71,14 +61,8 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   }
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kWidth * 4;
-  void* buffer = nullptr;
-  check(cudaMallocAsync(&buffer, size_t(rows) * 8 + accum_bytes, stream), "cudaMallocAsync (backward workspace)");
-  struct Release {
-    void* ptr;
-    cudaStream_t stream;
-    ~Release() { cudaFreeAsync(ptr, stream); }
-  } release{buffer, stream};
-  ws.lse2 = static_cast<float*>(buffer);
+  const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes, stream);
+  ws.lse2 = memory.floats();
   ws.delta = ws.lse2 + rows;
   ws.dq_accum = ws.delta + rows;
   check(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync (dq accumulator)");

@@ -20,28 +20,17 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   constexpr int kHeadDim = T::kHeadDim;
   sm90::FwdParams P{};
   P.p = p;
-  // Varlen tensors are packed [total, heads, d]: one sequence of all rows (batch 1).
   const bool varlen = p.cu_seqlens_q != nullptr;
-  auto view = [&](const void* base, const core::Strides& s, int64_t rows, int64_t heads) {
-    sm90::TmaTensor t;
-    t.base = base;
-    t.head_dim = kHeadDim;
-    t.rows = rows;
-    t.heads = heads;
-    t.batch = varlen ? 1 : p.batch;
-    t.row_stride = s.row;
-    t.head_stride = s.head;
-    t.batch_stride = varlen ? 0 : s.batch;
-    return t;
+  auto view = [&](const void* base, const core::Strides& s, int64_t heads, bool keys) {
+    return sm90::tma_view(p, base, s, heads, kHeadDim, keys);
   };
-  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  if (!sm90::encode_tma_sw128(&P.tq, view(p.q, p.q_s, rows_q, p.heads_q), T::kBlockM) ||
-      !sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, rows_k, p.heads_kv), T::kBlockN) ||
-      !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, rows_k, p.heads_kv), T::kBlockN))
+  if (!sm90::encode_tma_sw128(&P.tq, view(p.q, p.q_s, p.heads_q, false), T::kBlockM) ||
+      !sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), T::kBlockN) ||
+      !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN))
     return false;  // the driver rejected a layout: the caller runs the portable path
   // O leaves by TMA store where rows past a sequence fall outside the map (not for packed varlen
   // tensors, whose next sequence follows); one 64-row box per consumer warpgroup.
-  P.tma_store = !varlen && sm90::encode_tma_sw128(&P.to, view(p.out, p.o_s, rows_q, p.heads_q), 64);
+  P.tma_store = !varlen && sm90::encode_tma_sw128(&P.to, view(p.out, p.o_s, p.heads_q, false), 64);
 
   int device = 0, num_sms = 0, l2_bytes = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");

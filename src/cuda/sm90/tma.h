@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "core/params.h"
+
 namespace flashattn::cuda::sm90 {
 
 // A 4-D view: element (b, row, h, i) at base + b*batch + row*row_stride + h*head + i (strides in
@@ -17,6 +19,24 @@ struct TmaTensor {
   int64_t head_dim = 0, rows = 0, heads = 0, batch = 0;
   int64_t row_stride = 0, head_stride = 0, batch_stride = 0;
 };
+
+// A tensor of p with strides s as a view of head_dim columns: [batch, seqlen, heads, d], or for
+// varlen the packed [total, heads, d] as one sequence of all rows (batch 1). keys: a K/V tensor
+// (seqlen_k / total_k rows), else a query-side one (Q, O, dO).
+inline TmaTensor tma_view(const core::AttnShape& p, const void* base, const core::Strides& s, int64_t heads,
+                          int64_t head_dim, bool keys) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  TmaTensor t;
+  t.base = base;
+  t.head_dim = head_dim;
+  t.rows = varlen ? (keys ? p.total_k : p.total_q) : (keys ? p.seqlen_k : p.seqlen_q);
+  t.heads = heads;
+  t.batch = varlen ? 1 : p.batch;
+  t.row_stride = s.row;
+  t.head_stride = s.head;
+  t.batch_stride = varlen ? 0 : s.batch;
+  return t;
+}
 
 // Encodes a map whose box is 64 elements of head_dim (one 128-byte swizzle span) by box_rows rows
 // of one head of one batch entry, written to shared memory with the 128-byte swizzle. Elements
