@@ -111,4 +111,18 @@ __global__ void __launch_bounds__(128) backward_preprocess_kernel(const __grid_c
   }
 }
 
+// Lays out ws in `memory` (lse2 and delta of `rows` entries each, then the dQ accumulator of
+// accum_bytes), zeroes the accumulator and queues the preprocess kernel.
+template <class E>
+void start_backward(const core::BackwardParams& p, BwdWorkspace& ws, const WorkspaceMemory& memory, int64_t rows,
+                    size_t accum_bytes, cudaStream_t stream) {
+  ws.lse2 = memory.floats();
+  ws.delta = ws.lse2 + rows;
+  ws.dq_accum = ws.delta + rows;
+  check(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+  backward_preprocess_kernel<E><<<dim3(unsigned((p.seqlen_q + 15) / 16), unsigned(p.heads_q), unsigned(p.batch)), 128,
+                                  0, stream>>>(p, ws);
+  check_launch("flashattn backward preprocess kernel");
+}
+
 }  // namespace flashattn::cuda

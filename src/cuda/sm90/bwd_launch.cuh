@@ -62,14 +62,8 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kWidth * 4;
   const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes, stream);
-  ws.lse2 = memory.floats();
-  ws.delta = ws.lse2 + rows;
-  ws.dq_accum = ws.delta + rows;
-  check(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync (dq accumulator)");
-
+  start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
-  backward_preprocess_kernel<Element><<<dim3(unsigned((p.seqlen_q + 15) / 16), hq, batch), 128, 0, stream>>>(p, ws);
-  check_launch("flashattn backward preprocess kernel");
 
   auto kernel = p.softcap > 0.f ? sm90::backward_kernel<T, true> : sm90::backward_kernel<T, false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
