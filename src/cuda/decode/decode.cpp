@@ -143,6 +143,7 @@ void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* 
   L.max_cache_seqlen = plan.max_cache_seqlen;
   L.splits = plan.num_splits;
   L.row_tiles = int32_t(row_tiles(p));
+  L.group = int32_t(p.heads_q / p.heads_kv);
   auto* base = static_cast<unsigned char*>(workspace);
   L.status = reinterpret_cast<uint32_t*>(base);
   int64_t reset_bytes = 2 * sizeof(uint32_t);
