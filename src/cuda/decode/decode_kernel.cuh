@@ -468,9 +468,13 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     reinterpret_cast<uint32_t*>(out)[1] = ptx::thread_pack2<E>(o[2], o[3]);
     if (col == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[p.lse_s.offset(b, id.tok, id.h)] = lse;
   };
-  // Row (split s, row id) of the partials [split, batch, token, head]: part_row(0, id) + s * stride.
+  // Row (split s, row id) of the partial o [split, batch, token, head, d]: part_row(0, id) + s * stride.
   const int64_t part_stride = p.batch * p.seqlen_new * p.heads_q;
   auto part_row = [&](int64_t s, RowId id) { return s * part_stride + (b * p.seqlen_new + id.tok) * p.heads_q + id.h; };
+  // The partial lse are [split, batch, heads_kv, row tile, kBlockM]: a CTA's rows are one aligned
+  // block, which the combine copies 16 bytes at a time.
+  const int64_t lse_step = p.batch * p.heads_kv * L.row_tiles * T::kBlockM;
+  const int64_t lse_base = ((b * p.heads_kv + hk) * L.row_tiles + row_tile) * T::kBlockM;
   constexpr int kQuads = T::kHeadDim / 4;
   for (int i = tid; i < T::kBlockM * kQuads; i += T::kThreads) {
     const int row = i / kQuads, col = 4 * (i % kQuads);
@@ -500,7 +504,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // other splits hold (exp(inf - inf) is NaN).
       const int64_t prow = part_row(split, row_id(row));
       *reinterpret_cast<float4*>(L.part_o + prow * p.head_dim + col) = make_float4(o[0], o[1], o[2], o[3]);
-      if (col == 0) L.part_lse[prow] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
+      if (col == 0) L.part_lse[split * lse_step + lse_base + row] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
     }
   }
   if (L.splits == 1) return;
@@ -521,17 +525,69 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   }
   if (!__syncthreads_or(last)) return;
   const int quads = int(p.head_dim / 4);
+  const int64_t o_stride = part_stride * p.head_dim;
+  // Staged: every split's lse block and o rows land in shared memory (free again: the ring and the
+  // reduction are done) through cp.async from short loops, then each (row, 4 columns) item merges
+  // from there. The merge code is the last this CTA runs and the first time any SM runs it, so
+  // its length, not the loads (one round trip), is what it costs: keep it small. Up to 52 splits
+  // fit at d = 128 with 4 rows (GQA 4, one token); beyond what fits, the loads go straight to
+  // registers (merge_row.cuh), in batches.
+  const int64_t staged_floats = int64_t(L.splits) * (rows_valid * p.head_dim + T::kBlockM);
+  if (staged_floats <= T::kSmemBytes / 4) {
+    float* s_lse = reinterpret_cast<float*>(smem_raw);  // [split][kBlockM]
+    float* s_o = s_lse + L.splits * T::kBlockM;         // [split][rows_valid][head_dim]
+    const int o_part = rows_valid * int(p.head_dim);
+    constexpr int kLseChunks = T::kBlockM / 4;
+#pragma unroll 1
+    for (int i = tid; i < L.splits * kLseChunks; i += T::kThreads) {
+      const int sp = i / kLseChunks, c = 4 * (i % kLseChunks);
+      ptx::thread_cp_async_16(s_lse + sp * T::kBlockM + c, L.part_lse + sp * lse_step + lse_base + c, true);
+    }
+    for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
+      const int row = i / quads, col = 4 * (i % quads);
+      const float* src = L.part_o + part_row(0, row_id(row)) * p.head_dim + col;
+      float* dst = s_o + row * int(p.head_dim) + col;
+#pragma unroll 4
+      for (int sp = 0; sp < L.splits; ++sp) ptx::thread_cp_async_16(dst + sp * o_part, src + sp * o_stride, true);
+    }
+    ptx::thread_cp_async_commit();
+    ptx::thread_cp_async_wait<0>();
+    __syncthreads();
+    // The merge_states rules (merge_row.cuh), in the same order: every lse seen, then the weights
+    // in split order; a part of weight 0 is skipped, a NaN weight makes the row NaN.
+    for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
+      const int row = i / quads, col = 4 * (i % quads);
+      core::MergeState<float> ms;
+#pragma unroll 1
+      for (int sp = 0; sp < L.splits; ++sp) ms.see(s_lse[sp * T::kBlockM + row]);
+      float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+      for (int sp = 0; sp < L.splits; ++sp) {
+        const float w = ms.add_weight(s_lse[sp * T::kBlockM + row]);
+        if (w == 0.f) continue;
+        const float4 v = *reinterpret_cast<const float4*>(s_o + sp * o_part + row * int(p.head_dim) + col);
+        o[0] += w * v.x;
+        o[1] += w * v.y;
+        o[2] += w * v.z;
+        o[3] += w * v.w;
+      }
+      const float scale = ms.out_scale();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] *= scale;
+      store_out(row_id(row), col, o, ms.lse());
+    }
+    return;
+  }
   for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
     const int row = i / quads, col = 4 * (i % quads);
     const RowId id = row_id(row);
     // Loads through L2 (.cg): the partials were written by other SMs during this launch. The
     // addresses step by a constant per split (no index arithmetic between the loads).
-    const float* lse_row = L.part_lse + part_row(0, id);
+    const float* lse_row = L.part_lse + lse_base + row;
     const float* o_row = L.part_o + part_row(0, id) * p.head_dim + col;
-    const int64_t o_stride = part_stride * p.head_dim;
-    const auto lse_of = [&](int64_t s) { return __ldcg(lse_row + s * part_stride); };
-    const auto load_o = [&](int64_t s, float (&v)[4]) {
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(o_row + s * o_stride));
+    const auto lse_of = [&](int64_t sp) { return __ldcg(lse_row + sp * lse_step); };
+    const auto load_o = [&](int64_t sp, float (&v)[4]) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(o_row + sp * o_stride));
       v[0] = x.x;
       v[1] = x.y;
       v[2] = x.z;
