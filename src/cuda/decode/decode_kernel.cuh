@@ -504,7 +504,8 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // other splits hold (exp(inf - inf) is NaN).
       const int64_t prow = part_row(split, row_id(row));
       *reinterpret_cast<float4*>(L.part_o + prow * p.head_dim + col) = make_float4(o[0], o[1], o[2], o[3]);
-      if (col == 0) L.part_lse[split * lse_step + lse_base + row] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
+      if (col == 0)
+        L.part_lse[split * lse_step + lse_base + row] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
     }
   }
   if (L.splits == 1) return;
