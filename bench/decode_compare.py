@@ -35,6 +35,15 @@ def median_ms(fn):
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def floor_us():
+    """The timing floor of this method: one graph replay of a one-element kernel (launch, events)."""
+    z = torch.zeros(1, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        z.add_(1)
+    return 1e3 * median_ms(g.replay)
+
+
 def copy_gbps():
     x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
@@ -116,11 +125,13 @@ def main():
     rows = [tuple(int(v) for v in r.split("x")) for r in a.rows.split(",") if r]
     hq, hk, d = 32, 8, 128
     copy = 0.0 if a.no_sdpa else copy_gbps()
+    floor = floor_us()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "copy_GBps_rw": copy, "hq": hq, "hk": hk, "d": d, "rows": []}
-    print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)")
+           "copy_GBps_rw": copy, "floor_us": floor, "hq": hq, "hk": hk, "d": d, "rows": []}
+    print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)"
+          f"  floor {floor:.1f} us (graph of one tiny kernel)")
     print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits':>6} | {'run':>6} {'graph':>6} | {'cudnn':>6} {'fa2':>6} |"
-          f" {'graph/cudnn':>11} {'graph/copy':>10} | max|ours-sdpa|" + ("   (* = splits forced)" if forced else ""))
+          f" {'graph/cudnn':>11} {'graph/copy':>10} | {'us':>6} {'cdn_us':>6} | max|ours-sdpa|" + ("   (* = splits forced)" if forced else ""))
     for b, kv in rows:
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, kv, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -165,9 +176,10 @@ def main():
             res["rows"].append(row)
             f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
             r = lambda num, den: (f"{num / den:.2f}" if num and den else "-")
+            us = lambda key: f"{nbytes / row[key] / 1e3:6.1f}" if row.get(key) else "     -"
             print(f"{b:3d} {kv:7d} {page!s:>5} {row['splits']:5d}{'*' if splits else ' '} | {f('run_GBps')} {f('graph_GBps')} | {f('cudnn')}"
                   f" {f('fa2')} | {r(row.get('graph_GBps'), row.get('cudnn')):>11} {r(row.get('graph_GBps'), copy):>10}"
-                  f" | {row.get('max_abs_diff_vs_sdpa', float('nan')):.3g}" + (f"  FAULTS {row['faults']}" if row["faults"] else ""),
+                  f" | {us('graph_GBps')} {us('cudnn')} | {row.get('max_abs_diff_vs_sdpa', float('nan')):.3g}" + (f"  FAULTS {row['faults']}" if row["faults"] else ""),
                   flush=True)
             del ours
             torch.cuda.empty_cache()

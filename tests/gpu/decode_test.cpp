@@ -322,23 +322,27 @@ TEST_F(GpuDecode, HeadDimsAndDtypes) {
 }
 
 // Split counts 1..64 (and the automatic choice) all meet the rule and agree within rounding of
-// the output dtype: only the order of fp32 additions differs.
+// the output dtype: only the order of fp32 additions differs. Paged and contiguous caches; 16
+// splits merge in one pass of the combine (merge_row.cuh), 64 in two.
 TEST_F(GpuDecode, SplitCountsAgree) {
-  Case c;
-  c.lens = {1000, 5000, 77};
-  c.sn = 2;
-  c.causal = true;
-  std::vector<double> first;
-  for (int32_t s : {1, 2, 3, 7, 16, 64, 0}) {
-    c.splits = s;
-    std::vector<double> out = run_and_check(c, 400);  // same seed: the same problem
-    if (first.empty()) {
-      first = out;
-      continue;
+  for (int64_t page : {16, 0}) {
+    Case c;
+    c.page_size = page;
+    c.lens = {1000, 5000, 77};
+    c.sn = 2;
+    c.causal = true;
+    std::vector<double> first;
+    for (int32_t s : {1, 2, 3, 7, 16, 64, 0}) {
+      c.splits = s;
+      std::vector<double> out = run_and_check(c, 400);  // same seed: the same problem
+      if (first.empty()) {
+        first = out;
+        continue;
+      }
+      double peak = 0;
+      for (double x : first) peak = std::max(peak, std::fabs(x));
+      EXPECT_LE(max_abs_diff(out, first), 4.0 * std::ldexp(peak, -8)) << "page " << page << " splits " << s << " vs 1";
     }
-    double peak = 0;
-    for (double x : first) peak = std::max(peak, std::fabs(x));
-    EXPECT_LE(max_abs_diff(out, first), 4.0 * std::ldexp(peak, -8)) << "splits " << s << " vs 1";
   }
 }
 
@@ -373,8 +377,12 @@ TEST_F(GpuDecode, PlannedRunEqualsDirectCall) {
 // A decode step captured once in a CUDA graph and replayed while cache_seqlens grows on the device
 // (within the plan's max_cache_seqlen) equals direct runs of the plan, bit for bit, and the
 // reference under the rule; each replay appends its tokens where the direct run does.
-TEST_F(GpuDecode, GraphReplayAsLengthsGrow) {
+// A graph captured once and replayed as lengths grow within the plan's bound, on a paged and on a
+// contiguous cache.
+void graph_replay_as_lengths_grow(int64_t page) {
+  SCOPED_TRACE("page " + std::to_string(page));
   Case c;
+  c.page_size = page;
   c.lens = {100, 7, 1000};
   c.sn = 2;
   c.causal = true;
@@ -436,6 +444,11 @@ TEST_F(GpuDecode, GraphReplayAsLengthsGrow) {
   cudaGraphDestroy(graph);
   cudaFree(ws);
   cudaStreamDestroy(stream);
+}
+
+TEST_F(GpuDecode, GraphReplayAsLengthsGrow) {
+  graph_replay_as_lengths_grow(16);
+  graph_replay_as_lengths_grow(0);
 }
 
 // decode(args) and plan_decode read the indices to the host and reject bad ones by name before

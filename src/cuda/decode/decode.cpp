@@ -88,7 +88,9 @@ struct WorkspaceLayout {
   explicit WorkspaceLayout(const core::DecodeParams& p, int32_t splits) {
     const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
     arrivals_bytes = align256(p.batch * p.heads_kv * row_tiles(p) * 4);
-    lse_bytes = align256(rows * 4);
+    // lse: [split, batch, heads_kv, row tile, rows per CTA] (decode_kernel.cuh), o: [split, batch, token, head, d].
+    lse_bytes = align256(int64_t(splits) * p.batch * p.heads_kv * row_tiles(p) *
+                         decode_rows_per_cta(p.heads_q / p.heads_kv * p.seqlen_new) * 4);
     o_bytes = align256(rows * p.head_dim * 4);
   }
 };
@@ -143,6 +145,7 @@ void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* 
   L.max_cache_seqlen = plan.max_cache_seqlen;
   L.splits = plan.num_splits;
   L.row_tiles = int32_t(row_tiles(p));
+  L.group = int32_t(p.heads_q / p.heads_kv);
   auto* base = static_cast<unsigned char*>(workspace);
   L.status = reinterpret_cast<uint32_t*>(base);
   int64_t reset_bytes = 2 * sizeof(uint32_t);

@@ -25,8 +25,9 @@ struct DecodeLaunch {
   int64_t max_cache_seqlen = 0;  // the plan's bound; a longer cache_seqlens entry is a fault
   int32_t splits = 1;
   int32_t row_tiles = 1;         // CTAs per (sequence, KV head, split) along the rows
+  int32_t group = 1;             // heads_q / heads_kv
   float* part_o = nullptr;       // splits > 1: [splits, batch, seqlen_new, heads_q, head_dim]
-  float* part_lse = nullptr;     //             [splits, batch, seqlen_new, heads_q]
+  float* part_lse = nullptr;     //             [splits, batch, heads_kv, row_tiles, rows per CTA]
   uint32_t* arrivals = nullptr;  //             [batch, heads_kv, row_tiles]: CTAs done, 0 at the start
   uint32_t* status = nullptr;    // [2]: fault bits; ~(lowest faulty sequence), 0 = none
 };

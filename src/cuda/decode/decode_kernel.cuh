@@ -129,17 +129,37 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   // blockIdx.x = ((b * heads_kv + hk) * splits + split) * row_tiles + row_tile: the row tiles of
   // one key range are neighbours, so their repeated K/V reads meet in L2.
-  int64_t idx = blockIdx.x;
-  const int row_tile = int(idx % L.row_tiles);
-  idx /= L.row_tiles;
-  const int split = int(idx % L.splits);
-  idx /= L.splits;
-  const int64_t hk = idx % p.heads_kv, b = idx / p.heads_kv;
-  const int64_t group = p.heads_q / p.heads_kv;
-  const int64_t rows = group * p.seqlen_new;
-  const int64_t r0 = int64_t(row_tile) * T::kBlockM;
-  const int rows_valid = int(rows - r0 < T::kBlockM ? rows - r0 : T::kBlockM);
+  // Index arithmetic is 32-bit wherever the launcher bounded it (decode_launch.cuh): a 64-bit
+  // division is a call of about a hundred instructions, and with one warp per scheduler such
+  // chains, not the loads, set the length of the prologue and of the combine.
+  uint32_t idx = blockIdx.x;
+  const int row_tile = int(idx % uint32_t(L.row_tiles));
+  idx /= uint32_t(L.row_tiles);
+  const int split = int(idx % uint32_t(L.splits));
+  idx /= uint32_t(L.splits);
+  const int64_t hk = idx % uint32_t(p.heads_kv), b = idx / uint32_t(p.heads_kv);
+  const int group = L.group;
+  const int rows = L.group * int(p.seqlen_new);
+  const int r0 = row_tile * T::kBlockM;
+  const int rows_valid = rows - r0 < T::kBlockM ? rows - r0 : T::kBlockM;
   const int chunks_valid = int(p.head_dim / 8);  // smaller head dims run on a larger kernel
+  const E* k_cache = static_cast<const E*>(p.k_cache);
+  const E* v_cache = static_cast<const E*>(p.v_cache);
+
+  // Q rows first: they do not depend on the length, whose load everything below waits for. Row r
+  // is token r / group of query head hk * group + r % group; rows past the last and columns past
+  // head_dim are zero-filled. (Committed with the first K half-tile, or waited for before the
+  // shared memory is reused.)
+  {
+    const E* q = static_cast<const E*>(p.q);
+    for (int i = tid; i < T::kBlockM * T::kChunks; i += T::kThreads) {
+      const int row = i / T::kChunks, ch = i % T::kChunks;
+      const int r = r0 + row;
+      const bool valid = row < rows_valid && ch < chunks_valid;
+      const E* src = valid ? q + p.q_s.offset(b, r / group, hk * group + r % group) + 8 * ch : q;
+      ptx::thread_cp_async_16(sQ + Sw::offset(row, ch), src, valid);
+    }
+  }
 
   // The one length read from the device, checked before it sizes anything.
   const int64_t len = p.cache_seqlens[b * p.cache_seqlens_stride];
@@ -148,15 +168,13 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   const int64_t keys = bad_len ? 0 : len + extra;
   bool fault = bad_len;  // this thread's view; OR-ed over the CTA at the end
 
-  const E* k_cache = static_cast<const E*>(p.k_cache);
-  const E* v_cache = static_cast<const E*>(p.v_cache);
   const int32_t* table = p.paged ? p.block_table + b * p.block_table_row_stride : nullptr;
 
   // Append: one CTA per (sequence, KV head) copies the new tokens into the cache. Nothing in this
   // launch reads those slots (keys >= len come from k_new/v_new below), so no ordering is needed.
   if (p.append && split == 0 && row_tile == 0 && !bad_len) {
-    for (int64_t i = tid; i < p.seqlen_new * chunks_valid; i += T::kThreads) {
-      const int64_t tok = i / chunks_valid, c = i % chunks_valid;
+    for (int i = tid; i < int(p.seqlen_new) * chunks_valid; i += T::kThreads) {
+      const int tok = i / chunks_valid, c = i % chunks_valid;
       int64_t page, slot;
       if (!cache_slot(p, table, b, len + tok, page, slot)) {
         fault = true;
@@ -175,9 +193,10 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   // cut into L.splits equal runs of whole tiles. Lengths come from the device, so the cut is made
   // here and a plan stays valid as sequences grow.
   const core::MaskSpec mask{p.seqlen_new, keys, p.window_left, p.window_right};
-  const int64_t tok_first = r0 / group, tok_last = (r0 + rows_valid - 1) / group;
+  const int tok_first = r0 / group, tok_last = (r0 + rows_valid - 1) / group;
   const core::TileRange tiles = core::tile_range(mask, tok_first, tok_last + 1, T::kBlockN);
-  const int64_t per_split = (tiles.n_end - tiles.n_begin + L.splits - 1) / L.splits;
+  // Tile counts fit 32 bits (keys < 2^31 + 16).
+  const int64_t per_split = (uint32_t(tiles.n_end - tiles.n_begin) + uint32_t(L.splits) - 1) / uint32_t(L.splits);
   const int64_t n_begin = min(tiles.n_end, tiles.n_begin + split * per_split);
   const int64_t n_end = min(tiles.n_end, n_begin + per_split);
 
@@ -200,17 +219,6 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   for (int rr = 0; rr < 2; ++rr) row_tok[rr] = (r0 + 16 * wm + g + 8 * rr) / group;
 
   if (n_end > n_begin) {
-    // Q rows: row r is token r / group of query head hk * group + r % group; rows past the last
-    // and columns past head_dim are zero-filled.
-    const E* q = static_cast<const E*>(p.q);
-    for (int i = tid; i < T::kBlockM * T::kChunks; i += T::kThreads) {
-      const int row = i / T::kChunks, ch = i % T::kChunks;
-      const int64_t r = r0 + row;
-      const bool valid = row < rows_valid && ch < chunks_valid;
-      const E* src = valid ? q + p.q_s.offset(b, r / group, hk * group + r % group) + 8 * ch : q;
-      ptx::thread_cp_async_16(sQ + Sw::offset(row, ch), src, valid);
-    }
-
     // Where each key row of a tile comes from, worked out once per tile by threads 0..63 (one row
     // each) into a small ring of row tables, then read by every copy of that tile's K and V
     // halves: a copy costs one shared load and the cp.async, instead of per-row key, page and
@@ -413,8 +421,10 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
           Mma::warp_m16n8k16(acc_o[jd + 1], p_frag[kk], bv[2], bv[3]);
         }
     }
-    ptx::thread_cp_async_wait<0>();
   }
+  // Every copy (Q's too, when the CTA had no keys) lands before the shared memory is reused.
+  ptx::thread_cp_async_commit();
+  ptx::thread_cp_async_wait<0>();
 
   // Cross-warp merge in shared memory (the ring is free once every warp passed this barrier): the
   // kWarpsN states of a row are moved onto their common max (core::rescale_factor), summed, and
@@ -443,19 +453,28 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     atomicMax(&L.status[1], ~uint32_t(b));  // the largest ~b is the smallest faulty b
   }
   const float nan = __int_as_float(0x7fffffff);
-  // Output row `row` of this CTA, columns col..col+3 (already normalized), and its lse.
-  auto store_out = [&](int row, int col, const float (&o)[4], float lse) {
-    const int64_t r = r0 + row, tok = r / group, h = hk * group + r % group;
-    E* out = static_cast<E*>(p.out) + p.o_s.offset(b, tok, h) + col;
+  // This CTA's row `row`: its token and query head.
+  struct RowId {
+    int64_t tok, h;
+  };
+  auto row_id = [&](int row) {
+    const int r = r0 + row;
+    return RowId{r / group, hk * group + r % group};
+  };
+  // Output row `id`, columns col..col+3 (already normalized), and its lse.
+  auto store_out = [&](RowId id, int col, const float (&o)[4], float lse) {
+    E* out = static_cast<E*>(p.out) + p.o_s.offset(b, id.tok, id.h) + col;
     reinterpret_cast<uint32_t*>(out)[0] = ptx::thread_pack2<E>(o[0], o[1]);
     reinterpret_cast<uint32_t*>(out)[1] = ptx::thread_pack2<E>(o[2], o[3]);
-    if (col == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[p.lse_s.offset(b, tok, h)] = lse;
+    if (col == 0 && p.lse != nullptr) static_cast<float*>(p.lse)[p.lse_s.offset(b, id.tok, id.h)] = lse;
   };
-  // Row (split s, this CTA's row `row`) of the partials [split, batch, token, head].
-  auto part_row = [&](int64_t s, int row) {
-    const int64_t r = r0 + row, tok = r / group, h = hk * group + r % group;
-    return ((s * p.batch + b) * p.seqlen_new + tok) * p.heads_q + h;
-  };
+  // Row (split s, row id) of the partial o [split, batch, token, head, d]: part_row(0, id) + s * stride.
+  const int64_t part_stride = p.batch * p.seqlen_new * p.heads_q;
+  auto part_row = [&](int64_t s, RowId id) { return s * part_stride + (b * p.seqlen_new + id.tok) * p.heads_q + id.h; };
+  // The partial lse are [split, batch, heads_kv, row tile, kBlockM]: a CTA's rows are one aligned
+  // block, which the combine copies 16 bytes at a time.
+  const int64_t lse_step = p.batch * p.heads_kv * L.row_tiles * T::kBlockM;
+  const int64_t lse_base = ((b * p.heads_kv + hk) * L.row_tiles + row_tile) * T::kBlockM;
   constexpr int kQuads = T::kHeadDim / 4;
   for (int i = tid; i < T::kBlockM * kQuads; i += T::kThreads) {
     const int row = i / kQuads, col = 4 * (i % kQuads);
@@ -479,13 +498,14 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[e] *= inv;
     if (L.splits == 1) {
-      store_out(row, col, o, fault ? nan : core::finalize_lse(m, l));
+      store_out(row_id(row), col, o, fault ? nan : core::finalize_lse(m, l));
     } else {
       // A poisoned partial has lse = +inf, which the merge turns into a NaN row whatever the
       // other splits hold (exp(inf - inf) is NaN).
-      const int64_t prow = part_row(split, row);
+      const int64_t prow = part_row(split, row_id(row));
       *reinterpret_cast<float4*>(L.part_o + prow * p.head_dim + col) = make_float4(o[0], o[1], o[2], o[3]);
-      if (col == 0) L.part_lse[prow] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
+      if (col == 0)
+        L.part_lse[split * lse_step + lse_base + row] = fault ? __int_as_float(0x7f800000) : core::finalize_lse(m, l);
     }
   }
   if (L.splits == 1) return;
@@ -506,12 +526,69 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   }
   if (!__syncthreads_or(last)) return;
   const int quads = int(p.head_dim / 4);
+  const int64_t o_stride = part_stride * p.head_dim;
+  // Staged: every split's lse block and o rows land in shared memory (free again: the ring and the
+  // reduction are done) through cp.async from short loops, then each (row, 4 columns) item merges
+  // from there. The merge code is the last this CTA runs and the first time any SM runs it, so
+  // its length, not the loads (one round trip), is what it costs: keep it small. Up to 52 splits
+  // fit at d = 128 with 4 rows (GQA 4, one token); beyond what fits, the loads go straight to
+  // registers (merge_row.cuh), in batches.
+  const int64_t staged_floats = int64_t(L.splits) * (rows_valid * p.head_dim + T::kBlockM);
+  if (staged_floats <= T::kSmemBytes / 4) {
+    float* s_lse = reinterpret_cast<float*>(smem_raw);  // [split][kBlockM]
+    float* s_o = s_lse + L.splits * T::kBlockM;         // [split][rows_valid][head_dim]
+    const int o_part = rows_valid * int(p.head_dim);
+    constexpr int kLseChunks = T::kBlockM / 4;
+#pragma unroll 1
+    for (int i = tid; i < L.splits * kLseChunks; i += T::kThreads) {
+      const int sp = i / kLseChunks, c = 4 * (i % kLseChunks);
+      ptx::thread_cp_async_16(s_lse + sp * T::kBlockM + c, L.part_lse + sp * lse_step + lse_base + c, true);
+    }
+    for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
+      const int row = i / quads, col = 4 * (i % quads);
+      const float* src = L.part_o + part_row(0, row_id(row)) * p.head_dim + col;
+      float* dst = s_o + row * int(p.head_dim) + col;
+#pragma unroll 4
+      for (int sp = 0; sp < L.splits; ++sp) ptx::thread_cp_async_16(dst + sp * o_part, src + sp * o_stride, true);
+    }
+    ptx::thread_cp_async_commit();
+    ptx::thread_cp_async_wait<0>();
+    __syncthreads();
+    // The merge_states rules (merge_row.cuh), in the same order: every lse seen, then the weights
+    // in split order; a part of weight 0 is skipped, a NaN weight makes the row NaN.
+    for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
+      const int row = i / quads, col = 4 * (i % quads);
+      core::MergeState<float> ms;
+#pragma unroll 1
+      for (int sp = 0; sp < L.splits; ++sp) ms.see(s_lse[sp * T::kBlockM + row]);
+      float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+      for (int sp = 0; sp < L.splits; ++sp) {
+        const float w = ms.add_weight(s_lse[sp * T::kBlockM + row]);
+        if (w == 0.f) continue;
+        const float4 v = *reinterpret_cast<const float4*>(s_o + sp * o_part + row * int(p.head_dim) + col);
+        o[0] += w * v.x;
+        o[1] += w * v.y;
+        o[2] += w * v.z;
+        o[3] += w * v.w;
+      }
+      const float scale = ms.out_scale();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] *= scale;
+      store_out(row_id(row), col, o, ms.lse());
+    }
+    return;
+  }
   for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
     const int row = i / quads, col = 4 * (i % quads);
-    // Loads through L2 (.cg): the partials were written by other SMs during this launch.
-    const auto lse_of = [&](int64_t s) { return __ldcg(L.part_lse + part_row(s, row)); };
-    const auto load_o = [&](int64_t s, float (&v)[4]) {
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(L.part_o + part_row(s, row) * p.head_dim + col));
+    const RowId id = row_id(row);
+    // Loads through L2 (.cg): the partials were written by other SMs during this launch. The
+    // addresses step by a constant per split (no index arithmetic between the loads).
+    const float* lse_row = L.part_lse + lse_base + row;
+    const float* o_row = L.part_o + part_row(0, id) * p.head_dim + col;
+    const auto lse_of = [&](int64_t sp) { return __ldcg(lse_row + sp * lse_step); };
+    const auto load_o = [&](int64_t sp, float (&v)[4]) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(o_row + sp * o_stride));
       v[0] = x.x;
       v[1] = x.y;
       v[2] = x.z;
@@ -519,7 +596,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     };
     float o[4];
     const float lse = merge_row<4, kCombineBatch>(L.splits, lse_of, load_o, o);
-    store_out(row, col, o, lse);
+    store_out(id, col, o, lse);
   }
 }
 

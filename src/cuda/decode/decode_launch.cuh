@@ -45,6 +45,10 @@ void run_decode(const DecodeLaunch& L, cudaStream_t stream) {
     if (ctas == 0) return;
     if (ctas > int64_t(0x7fffffff))
       throw Error(Status::unsupported, "decode: " + std::to_string(ctas) + " CTAs exceed one GPU launch");
+    // The kernel's row and block-index arithmetic is 32-bit.
+    if (p.heads_q * p.seqlen_new > int64_t(1) << 30 || p.head_dim * p.seqlen_new > int64_t(1) << 30)
+      throw Error(Status::unsupported, "decode: heads_q * seqlen_new = " + std::to_string(p.heads_q * p.seqlen_new) +
+                                           " query rows per sequence exceed the GPU kernel's 32-bit row index");
     kernel<<<unsigned(ctas), T::kThreads, T::kSmemBytes, stream>>>(L);
     check_launch("flashattn decode kernel");
   });
