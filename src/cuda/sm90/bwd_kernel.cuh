@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     for (int s = 0; s < S; ++s) {
       ptx::thread_mbarrier_init(&q_full[s], 1);
       ptx::thread_mbarrier_init(&do_full[s], 1);
-      ptx::thread_mbarrier_init(&qdo_empty[s], 8);  // every consumer warp
+      ptx::thread_mbarrier_init(&qdo_empty[s], 256);  // every consumer thread
     }
     ptx::thread_fence_mbarrier_init();
   }
@@ -404,12 +404,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::thread_pin(dk);
         ptx::thread_pin(pf);
         ptx::thread_pin(dsf);
-        // Every warp releases the stage after its own reads of lse2 / delta (and the products on
-        // Q and dO are done); the proxy fence orders those generic reads before the copy engine's
-        // next writes to the stage.
+        // Every consumer thread releases the stage after its own reads of lse2 / delta (and the
+        // products on Q and dO are done): an mbarrier arrive releases the arriving thread's own
+        // accesses only. The proxy fence orders those generic reads before the copy engine's next
+        // writes to the stage.
         ptx::thread_fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
+        ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
         store_dq(dq, it);
