@@ -4,13 +4,9 @@
 // Row layouts of lse2 and delta (and, per path, of the dQ accumulator):
 //   * dense (tile_m == 0, the portable path): [heads_q][total_q], rows of a sequence from
 //     workspace_row0(b);
-//   * tiled (tile_m > 0, the Hopper path): [heads_q][tiles_per_head][tile_m], a sequence's query
-//     tiles consecutive from tile_base(b), so that one query tile's values are one aligned,
-//     contiguous block the copy engine moves in a single bulk operation. Varlen sequences start at
-//     tile floor(cu_seqlens_q[b] / tile_m) + b: sequence b needs ceil(len / tile_m) tiles and
-//     floor(c1 / m) - floor(c0 / m) + 1 >= ceil((c1 - c0) / m), so sequences never share a tile,
-//     and tiles_per_head = total_q / tile_m + batch + 1 covers them all. Rows of a tile past its
-//     sequence are never written; kernels mask them (never multiply by them).
+//   * tiled (tile_m > 0, the Hopper path): [heads_q][tiles_per_head][tile_m], one aligned block
+//     per query tile (src/cuda/bwd_layout.h). Rows of a tile past its sequence are never written;
+//     kernels mask them (never multiply by them).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +15,7 @@
 
 #include "core/params.h"
 #include "core/softmax_state.h"
+#include "cuda/bwd_layout.h"
 #include "cuda/common.cuh"
 
 namespace flashattn::cuda {
@@ -46,12 +43,6 @@ __device__ __forceinline__ void query_rows(const core::AttnShape& p, int64_t b, 
 // Rows [q0, q0 + seqlen) of sequence b in the dense workspace arrays.
 __host__ __device__ inline int64_t workspace_row0(const core::AttnShape& p, int64_t b) {
   return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) : b * p.seqlen_q;
-}
-
-// First tile of sequence b in the tiled layout.
-__host__ __device__ inline int64_t tile_base(const core::AttnShape& p, int tile_m, int64_t b) {
-  return p.cu_seqlens_q != nullptr ? int64_t(p.cu_seqlens_q[b]) / tile_m + b
-                                   : b * ((p.seqlen_q + tile_m - 1) / tile_m);
 }
 
 // The call's workspace memory: stream-ordered (no host synchronization), freed on the stream

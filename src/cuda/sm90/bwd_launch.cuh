@@ -3,7 +3,6 @@
 // stream. Included only by the generated instantiation files (src/cuda/instantiations/bwd_hopper_*).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/backward.h"
@@ -28,7 +27,6 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // Maps first: if the driver rejects a layout, nothing has run and the portable path takes over.
   sm90::BwdParams P{};
   P.p = p;
-  const bool varlen = p.cu_seqlens_q != nullptr;
   auto view = [&](const void* base, const core::Strides& s, int64_t heads, bool keys) {
     return sm90::tma_view(p, base, s, heads, kHeadDim, keys);
   };
@@ -44,21 +42,10 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   BwdWorkspace& ws = P.ws;
   ws.tile_m = BM;
-  ws.tiles_per_head = varlen ? p.total_q / BM + p.batch + 1 : p.batch * ((p.seqlen_q + BM - 1) / BM);
+  ws.tiles_per_head = tiles_per_head(p, BM);
   // Deterministic mode: `splits` CTAs per (KV head, batch), each with its own dQ slice (the
-  // kernel's header explains the order). The fewest splits whose waves are filled within 5% as
-  // well as the best count up to four waves: a poorly filled last wave was what cost most on
-  // the H200 (2.2 waves ran at 0.66-0.86 of the default mode; d=96 with 168 CTAs in 1.3 waves at
-  // 0.57-0.72), and each split adds a dQ slice of memory.
-  ws.splits = 1;
-  if (p.deterministic) {
-    const int64_t ctas = std::max<int64_t>(1, p.heads_kv * p.batch);
-    const int64_t most = std::clamp<int64_t>(4 * sms / ctas, 1, std::max<int64_t>(n_blocks, 1));
-    auto fill = [&](int64_t s) { return double(ctas * s) / double((ctas * s + sms - 1) / sms * sms); };
-    double best = 0;
-    for (int64_t s = 1; s <= most; ++s) best = std::max(best, fill(s));
-    while (fill(ws.splits) < best - 0.05) ++ws.splits;
-  }
+  // kernel's header explains the order).
+  ws.splits = p.deterministic ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kWidth * 4;
   const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes, stream);

@@ -1,0 +1,79 @@
+// The backward's workspace layout and the deterministic split count (src/cuda/bwd_layout.h) are
+// plain host/device arithmetic: their promises are checked here, where CI runs. In the tiled
+// layout every sequence's query tiles are consecutive, no two sequences share a tile, and all
+// tiles fit in tiles_per_head; the split count stays within [1, key tiles] and fills its waves
+// within 5% of the best count up to four waves.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "cuda/bwd_layout.h"
+
+namespace fa_test {
+namespace {
+
+using flashattn::cuda::deterministic_splits;
+using flashattn::cuda::tile_base;
+using flashattn::cuda::tiles_per_head;
+
+TEST(BackwardLayout, VarlenSequencesNeverShareATile) {
+  std::mt19937 rng(7);
+  for (int tile_m : {64, 128})
+    for (int trial = 0; trial < 200; ++trial) {
+      const int batch = 1 + int(rng() % 12);
+      std::vector<int32_t> cu(batch + 1, 0);
+      for (int b = 0; b < batch; ++b) {
+        // Empty, short, tile-sized and long sequences, at every offset modulo the tile.
+        const int kinds[] = {0, 1, tile_m - 1, tile_m, tile_m + 1, int(rng() % 1000)};
+        cu[b + 1] = cu[b] + kinds[rng() % 6];
+      }
+      flashattn::core::AttnShape p;
+      p.batch = batch;
+      p.total_q = cu[batch];
+      p.cu_seqlens_q = cu.data();
+      const int64_t tiles = tiles_per_head(p, tile_m);
+      int64_t next_free = 0;
+      for (int b = 0; b < batch; ++b) {
+        const int64_t len = cu[b + 1] - cu[b], first = tile_base(p, tile_m, b);
+        const int64_t used = (len + tile_m - 1) / tile_m;
+        ASSERT_GE(first, next_free) << "sequence " << b << " overlaps the previous one";
+        next_free = first + used;
+        ASSERT_LE(next_free, tiles) << "sequence " << b << " runs past tiles_per_head";
+      }
+    }
+}
+
+TEST(BackwardLayout, FixedLengthTilesArePacked) {
+  flashattn::core::AttnShape p;
+  p.batch = 3;
+  p.seqlen_q = 130;
+  EXPECT_EQ(tiles_per_head(p, 64), 9);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(tile_base(p, 64, b), 3 * b);
+}
+
+TEST(BackwardLayout, DeterministicSplitsFillTheirWaves) {
+  auto fill = [](int64_t ctas, int64_t sms, int64_t s) {
+    return double(ctas * s) / double((ctas * s + sms - 1) / sms * sms);
+  };
+  for (int64_t sms : {1, 78, 132})
+    for (int64_t ctas : {1, 2, 16, 32, 84, 128, 168, 1000})
+      for (int64_t n_blocks : {1, 3, 16, 64, 128}) {
+        const int s = deterministic_splits(ctas, sms, n_blocks);
+        ASSERT_GE(s, 1);
+        ASSERT_LE(s, std::max<int64_t>(n_blocks, 1));
+        int64_t most = std::min<int64_t>(std::max<int64_t>(4 * sms / ctas, 1), n_blocks);
+        double best = 0;
+        for (int64_t k = 1; k <= most; ++k) best = std::max(best, fill(ctas, sms, k));
+        EXPECT_GE(fill(ctas, sms, s), best - 0.05) << ctas << " CTAs, " << sms << " SMs";
+        for (int k = 1; k < s; ++k) EXPECT_LT(fill(ctas, sms, k), best - 0.05) << "a smaller count fills as well";
+      }
+  // The H200 cases that motivated it (132 SMs): 32 and 168 (KV head, batch) pairs.
+  EXPECT_EQ(deterministic_splits(32, 132, 64), 4);
+  EXPECT_EQ(deterministic_splits(168, 132, 16), 3);
+  EXPECT_EQ(deterministic_splits(128, 132, 16), 1);
+}
+
+}  // namespace
+}  // namespace fa_test
