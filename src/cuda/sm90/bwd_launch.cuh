@@ -19,9 +19,9 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // Head dims between multiples of 64 (96) run in the next kernel width: the TMA maps carry the
   // real d, so loads zero-fill the extra columns (which then add nothing to any product), and the
   // stores of dk, dv and dq stop at d.
-  constexpr int kWidth = (kHeadDim + 63) / 64 * 64;
-  constexpr HopperBwdTile tile = hopper_bwd_tile(kWidth);
-  using T = sm90::BwdTraits<kWidth, Element, tile.block_m, tile.stages, tile.dq_buffers>;
+  constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
+  constexpr HopperBwdTile tile = hopper_bwd_tile(kTileDim);
+  using T = sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers>;
   constexpr int BM = T::kBlockM;
 
   // Maps first: if the driver rejects a layout, nothing has run and the portable path takes over.
@@ -47,7 +47,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // kernel's header explains the order).
   ws.splits = p.deterministic ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
-  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kWidth * 4;
+  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kTileDim * 4;
   const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes, stream);
   start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
