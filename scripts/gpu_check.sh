@@ -2,10 +2,10 @@
 # One call on a GPU machine: build, GPU tests against the fp64 reference, compute-sanitizer on a
 # reduced set, and the side-by-side benchmark. Logs go to $OUT (the device tool brings them back).
 #   scripts/gpu_check.sh [build|test|sanitize|bench]...   (default: all four, in that order)
-# Environment (exported, so this script sees it): ARCHS (default 90a), HDIMS, DTYPES, TEST_FILTER
-# (gtest filter of the test step),
-# BENCH_ARGS (passed to bench/sdpa_compare.py), SAN_FILTER (gtest filter for the sanitizer pass),
-# SAN_TOOLS (default "memcheck racecheck"; synccheck checks barrier use).
+# Environment (exported, so this script sees it): ARCHS (default 90a), HDIMS, DTYPES,
+# TEST_FILTER (gtest filter of the test step), BENCH_ARGS (passed to bench/sdpa_compare.py),
+# SAN_FILTER (gtest filter for the sanitizer pass), SAN_TOOLS (default "memcheck racecheck";
+# synccheck checks barrier use).
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT"
