@@ -150,7 +150,14 @@ namespace flashattn::cuda {
 //   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
 //          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
 //   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32
-//          (d=96 runs in these tiles, src/cuda/sm90/bwd_launch.cuh).
+//          (d=96 runs in these tiles, src/cuda/sm90/bwd_launch.cuh). block_m 128 would need
+//          128 + 64 + 64 accumulator registers, more than the 240 a consumer has.
+// Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-11-29,
+// bench/results/h200_hopper_bwd_2026-11-29.txt), TFLOP/s at 2k / 8k / 16k: d=64 336 / 409 / 423
+// (causal 237 / 366 / 411), d=128 403 / 479 / 499 (causal 293 / 425 / 480), 0.82-0.96 of cuDNN.
+// With block_m 64, S^T, dP^T and dQ are N=64 wgmmas reading both operands from shared memory: two
+// warpgroups together need about the 128 bytes per clock shared memory delivers, so those three
+// products cannot run at the tensor cores' peak.
 struct HopperBwdTile {
   int block_m;
   int stages;      // Q/dO tiles in flight
