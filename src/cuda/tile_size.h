@@ -155,9 +155,10 @@ namespace flashattn::cuda {
 // Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-11-29,
 // bench/results/h200_hopper_bwd_2026-11-29.txt), TFLOP/s at 2k / 8k / 16k: d=64 336 / 409 / 423
 // (causal 237 / 366 / 411), d=128 403 / 479 / 499 (causal 293 / 425 / 480), 0.82-0.96 of cuDNN.
-// With block_m 64, S^T, dP^T and dQ are N=64 wgmmas reading both operands from shared memory: two
-// warpgroups together need about the 128 bytes per clock shared memory delivers, so those three
-// products cannot run at the tensor cores' peak.
+// With block_m 64, S^T, dP^T and dQ are N=64 wgmmas reading both operands from shared memory
+// (4 KB per 64x64x16 step); by our estimate (not measured) two warpgroups at the tensor cores'
+// peak would read about 128 bytes per clock, what shared memory delivers, so those three products
+// are likely bandwidth-bound below that peak.
 struct HopperBwdTile {
   int block_m;
   int stages;      // Q/dO tiles in flight
