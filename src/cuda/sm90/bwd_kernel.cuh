@@ -5,10 +5,10 @@
 // shares the KV head, so GQA needs no reduction afterwards. Warp specialization:
 //   * producer warpgroup, warp 0: one elected thread issues TMA loads of K and V (once per key
 //     tile) and, per query step, of Q and dO plus bulk copies of that tile's lse2 and delta rows
-//     (the tiled workspace layout of src/cuda/bwd_common.cuh) into a ring of stages on mbarriers;
+//     (the tiled workspace layout of src/cuda/bwd_layout.h) into a ring of stages on mbarriers;
 //   * producer warpgroup, warp 1: the dQ writer. Per step it waits for the consumers' fp32 dQ tile
 //     in shared memory and adds it to the global accumulator with one bulk reduce-add (the copy
-//     engine; no per-element atomics), double-buffered through named barriers;
+//     engine; no per-element atomics), through kDqBuffers buffers handed over by named barriers;
 //   * two consumer warpgroups, 64 keys each. Per step, with the operands in the layout that needs
 //     no transposes:
 //       S^T = K Q^T and dP^T = V dO^T     (wgmma, both operands in shared memory, N = kBlockM)
@@ -19,9 +19,10 @@
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
 //                                           MN-major; the two warpgroups split dQ's rows when
 //                                           kBlockM = 128, else its columns)
-//     dQ leaves in "fragment order": each thread's accumulators as consecutive float4s, so the
-//     shared-memory writes are conflict-free and the bulk reduce-add is one contiguous block; the
-//     convert kernel (below) knows the order and writes dq rows.
+//     dQ leaves in "fragment order": float4 c of every thread's accumulators, then float4 c + 1,
+//     so a warp's shared-memory writes are 512 contiguous bytes (conflict-free) and the bulk
+//     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
+//     dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
 // Determinism: in deterministic mode the grid has `splits` CTAs per (KV head, batch), each with its
 // own dQ slice; a CTA's key tiles add into its slice in order (the writer waits for one key tile's
