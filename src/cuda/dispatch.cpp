@@ -44,55 +44,30 @@ struct HopperVariant {
   bool (*run)(const Params&, cudaStream_t);
 };
 
-// kernel_list.inc holds FLASHATTN_FWD_PORTABLE / FLASHATTN_BWD_PORTABLE / FLASHATTN_FWD_HOPPER /
-// FLASHATTN_BWD_HOPPER entries; each table keeps its own kind. The trailing entry keeps a table
-// non-empty in any build.
+// Each table includes kernel_list.inc with only its own entry macro defined (the file lists that
+// kind's compiled variants); the trailing entry keeps a table non-empty in any build.
 #define FLASHATTN_FWD_PORTABLE(H, DT, A) Variant<core::ForwardParams>{H, DType::DT, A, &run_forward_portable<H, elem_##DT, A>},
-#define FLASHATTN_BWD_PORTABLE(H, DT, A)
-#define FLASHATTN_FWD_HOPPER(H, DT)
-#define FLASHATTN_BWD_HOPPER(H, DT)
 constexpr Variant<core::ForwardParams> kForward[] = {
 #include "flashattn_internal/kernel_list.inc"
     Variant<core::ForwardParams>{0, DType::f32, 0, nullptr}};
 #undef FLASHATTN_FWD_PORTABLE
-#undef FLASHATTN_BWD_PORTABLE
-#undef FLASHATTN_FWD_HOPPER
-#undef FLASHATTN_BWD_HOPPER
 
-#define FLASHATTN_FWD_PORTABLE(H, DT, A)
 #define FLASHATTN_BWD_PORTABLE(H, DT, A) Variant<core::BackwardParams>{H, DType::DT, A, &run_backward_portable<H, elem_##DT, A>},
-#define FLASHATTN_FWD_HOPPER(H, DT)
-#define FLASHATTN_BWD_HOPPER(H, DT)
 constexpr Variant<core::BackwardParams> kBackward[] = {
 #include "flashattn_internal/kernel_list.inc"
     Variant<core::BackwardParams>{0, DType::f32, 0, nullptr}};
-#undef FLASHATTN_FWD_PORTABLE
 #undef FLASHATTN_BWD_PORTABLE
-#undef FLASHATTN_FWD_HOPPER
-#undef FLASHATTN_BWD_HOPPER
 
-#define FLASHATTN_FWD_PORTABLE(H, DT, A)
-#define FLASHATTN_BWD_PORTABLE(H, DT, A)
 #define FLASHATTN_FWD_HOPPER(H, DT) HopperVariant<core::ForwardParams>{H, DType::DT, &run_forward_hopper<H, elem_##DT, 90>},
-#define FLASHATTN_BWD_HOPPER(H, DT)
 constexpr HopperVariant<core::ForwardParams> kHopperForward[] = {
 #include "flashattn_internal/kernel_list.inc"
     HopperVariant<core::ForwardParams>{0, DType::f32, nullptr}};
-#undef FLASHATTN_FWD_PORTABLE
-#undef FLASHATTN_BWD_PORTABLE
 #undef FLASHATTN_FWD_HOPPER
-#undef FLASHATTN_BWD_HOPPER
 
-#define FLASHATTN_FWD_PORTABLE(H, DT, A)
-#define FLASHATTN_BWD_PORTABLE(H, DT, A)
-#define FLASHATTN_FWD_HOPPER(H, DT)
 #define FLASHATTN_BWD_HOPPER(H, DT) HopperVariant<core::BackwardParams>{H, DType::DT, &run_backward_hopper<H, elem_##DT, 90>},
 constexpr HopperVariant<core::BackwardParams> kHopperBackward[] = {
 #include "flashattn_internal/kernel_list.inc"
     HopperVariant<core::BackwardParams>{0, DType::f32, nullptr}};
-#undef FLASHATTN_FWD_PORTABLE
-#undef FLASHATTN_BWD_PORTABLE
-#undef FLASHATTN_FWD_HOPPER
 #undef FLASHATTN_BWD_HOPPER
 
 thread_local std::string last_kernel;
