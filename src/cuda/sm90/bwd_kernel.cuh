@@ -245,7 +245,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
   const uint64_t kmn_desc = ptx::make_smem_desc_sw128(sK + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
 
-  // Per step `it`: S^T and dP^T into st, dp (both operands in shared memory).
+  // acc = A B^T over the head dim, A this warpgroup's 64 key rows (K or V), B a query tile (Q or
+  // dO), both K-major: k16 steps walk 32 bytes inside a 128-byte row, then the next column block.
+  auto product_over_d = [&](float(&acc)[BM / 2], uint64_t a_desc, uint64_t b_desc) {
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const int cb = k / 4, kk = k % 4;
+      ptx::Wgmma<E, BM>::template ss<0>(acc, a_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                        b_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
+    }
+    ptx::warpgroup_commit();
+  };
+  // Per step `it`: S^T and dP^T into st, dp, each as soon as its query-side tile has landed.
   auto issue_sdp = [&](float(&st)[BM / 2], float(&dp)[BM / 2], int it) {
     const int stage = it % S;
     const uint32_t phase = uint32_t(it / S) & 1u;
@@ -255,21 +266,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     ptx::thread_pin(st);
     ptx::thread_pin(dp);
     ptx::warpgroup_fence();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      const int cb = k / 4, kk = k % 4;
-      ptx::Wgmma<E, BM>::template ss<0>(st, k_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
-                                        q_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
-    }
-    ptx::warpgroup_commit();
+    product_over_d(st, k_desc, q_desc);
     ptx::thread_mbarrier_wait(&do_full[stage], phase);
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      const int cb = k / 4, kk = k % 4;
-      ptx::Wgmma<E, BM>::template ss<0>(dp, v_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
-                                        do_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
-    }
-    ptx::warpgroup_commit();
+    product_over_d(dp, v_desc, do_desc);
   };
   // dQ of step `it` to the writer warp's buffer: float4 c of thread tid of warpgroup cwg at
   // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this).
