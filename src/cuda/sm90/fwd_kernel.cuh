@@ -465,35 +465,32 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         static_cast<float*>(p.lse)[p.lse_s.offset(w.b, w.q0 + w.r0 + row, w.h)] = core::finalize_lse(row_max[rr], l);
     }
     E* out = static_cast<E*>(p.out);
-    if constexpr (!T::kSeparateO) {
-      // Element pairs straight from the accumulators: a quad writes 16 contiguous bytes per row.
+    // Every normalized pair (o[part][i], o[part][i + 1]) of this thread, as 16-bit values packed
+    // into 4 bytes, with its row and column in the tile.
+    auto for_each_o_pair = [&](auto&& store) {
 #pragma unroll
       for (int part = 0; part < T::kPvParts; ++part)
 #pragma unroll
         for (int i = 0; i < T::kPvN / 2; i += 2) {
-          const int row = row_a + 8 * ((i >> 1) & 1);
-          const int col = part * T::kPvN + 8 * (i >> 2) + 2 * t;
           const float f = inv[(i >> 1) & 1];
-          if (row < w.rows_valid && col < D)
-            *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) =
-                ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f);
+          store(row_a + 8 * ((i >> 1) & 1), part * T::kPvN + 8 * (i >> 2) + 2 * t,
+                ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f));
         }
+    };
+    if constexpr (!T::kSeparateO) {
+      // Element pairs straight from the accumulators: a quad writes 16 contiguous bytes per row.
+      for_each_o_pair([&](int row, int col, uint32_t pair) {
+        if (row < w.rows_valid && col < D)
+          *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) = pair;
+      });
       continue;
     }
     // Staged through shared memory in the swizzled layout (bank-conflict free, and what a TMA
     // store reads); the previous tile's store must have finished reading it first.
     if (tid == 0) ptx::thread_bulk_wait_read_all();
     ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
-#pragma unroll
-    for (int part = 0; part < T::kPvParts; ++part)
-#pragma unroll
-      for (int i = 0; i < T::kPvN / 2; i += 2) {
-        const int row = row_a + 8 * ((i >> 1) & 1);
-        const int col = part * T::kPvN + 8 * (i >> 2) + 2 * t;
-        const float f = inv[(i >> 1) & 1];
-        *reinterpret_cast<uint32_t*>(sO + swizzled_offset<BM>(row, col)) =
-            ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f);
-      }
+    for_each_o_pair(
+        [&](int row, int col, uint32_t pair) { *reinterpret_cast<uint32_t*>(sO + swizzled_offset<BM>(row, col)) = pair; });
     if (tma_store) ptx::thread_fence_proxy_async_smem();
     ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
     if (tma_store) {
