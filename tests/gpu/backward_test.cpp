@@ -167,15 +167,13 @@ void check_case(const Case& c, uint32_t seed) {
   pr.d_lse->copy_to(pr.lse);
   auto ref = flashattn::reference::backward(pr.host_args());
   auto plain = flashattn::reference::backward(pr.host_args(), flashattn::reference::Precision::same_as_input);
-  for (bool portable : {false, true}) {
-    SCOPED_TRACE(portable ? "portable path forced" : "default path");
-    ScopedEnv force("FLASHATTN_GPU_BACKWARD", portable ? "portable" : nullptr);
+  on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
     pr.backward();
     expect_path(c, portable);
     EXPECT_TRUE(within_rule(pr.dq.values(), ref.dq, plain.dq, c.dtype, 3.0, "dq"));
     EXPECT_TRUE(within_rule(pr.dk.values(), ref.dk, plain.dk, c.dtype, 3.0, "dk"));
     EXPECT_TRUE(within_rule(pr.dv.values(), ref.dv, plain.dv, c.dtype, 3.0, "dv"));
-  }
+  });
 }
 
 class GpuBackward : public GpuTest {};
@@ -285,18 +283,20 @@ TEST_F(GpuBackward, LongerSequencesAndUnseenKeyTiles) {
 }
 
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
+  auto deterministic_case = [](int64_t d) {
+    Case c;
+    c.deterministic = true;
+    c.seqlen_q = 300;
+    c.seqlen_k = 300;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = d;
+    c.causal = true;
+    return c;
+  };
   for (int64_t d : {64, 128})
-    for (bool portable : {false, true}) {
-      SCOPED_TRACE(portable ? "portable path forced" : "default path");
-      ScopedEnv force("FLASHATTN_GPU_BACKWARD", portable ? "portable" : nullptr);
-      Case c;
-      c.deterministic = true;
-      c.seqlen_q = 300;
-      c.seqlen_k = 300;
-      c.heads_q = 4;
-      c.heads_kv = 2;
-      c.head_dim = d;
-      c.causal = true;
+    on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
+      const Case c = deterministic_case(d);
       SCOPED_TRACE(describe(c));
       Problem pr(c, 401);
       pr.forward();
@@ -309,22 +309,12 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
         ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
         ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
       }
-    }
-  Case c;  // the deterministic paths are also within the accuracy rule
-  c.deterministic = true;
-  c.seqlen_q = 300;
-  c.seqlen_k = 300;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  c.head_dim = 128;
-  c.causal = true;
-  check_case(c, 400);
+    });
+  check_case(deterministic_case(128), 400);  // the deterministic paths are also within the accuracy rule
 }
 
 TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
-  for (bool portable : {false, true}) {
-    SCOPED_TRACE(portable ? "portable path forced" : "default path");
-    ScopedEnv force("FLASHATTN_GPU_BACKWARD", portable ? "portable" : nullptr);
+  on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
     Case c;
     c.seqlen_q = 300;
     c.seqlen_k = 300;
@@ -344,7 +334,7 @@ TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
       // dq sums fp32 additions in a varying order: equal within two bf16 ulps of the largest value.
       EXPECT_LE(max_abs_diff(pr.dq.values(), dq0), dq_max * std::ldexp(1.0, -6)) << "run " << run;
     }
-  }
+  });
 }
 
 TEST_F(GpuBackward, EnvironmentVariableIsValidated) {
@@ -352,11 +342,7 @@ TEST_F(GpuBackward, EnvironmentVariableIsValidated) {
   Case c;
   Problem pr(c, 600);
   pr.forward();
-  int dev = 0, major = 0, minor = 0;
-  FA_CUDA_OK(cudaGetDevice(&dev));
-  FA_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  FA_CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major != 9 || minor != 0) GTEST_SKIP() << "the variable is read where a Hopper path exists";
+  if (!hopper_device()) GTEST_SKIP() << "the variable is read where a Hopper path exists";
   try {
     pr.backward();
     ADD_FAILURE() << "expected an error naming FLASHATTN_GPU_BACKWARD";

@@ -83,9 +83,7 @@ void check_case(const Case& c, uint32_t seed) {
 
   // Each case runs on the path dispatch picks (the Hopper path where it applies) and on the
   // portable path, which stays the fallback for everything the Hopper path does not cover.
-  for (bool portable : {false, true}) {
-    SCOPED_TRACE(portable ? "portable path forced" : "default path");
-    ScopedEnv force("FLASHATTN_GPU_FORWARD", portable ? "portable" : nullptr);
+  on_both_paths("FLASHATTN_GPU_FORWARD", [&](bool portable) {
     DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
     dout.poison();
     dlse.poison();
@@ -116,7 +114,7 @@ void check_case(const Case& c, uint32_t seed) {
     } else {
       for (double x : lse.values()) ASSERT_TRUE(std::isnan(x)) << "lse was written although absent";
     }
-  }
+  });
 }
 
 class GpuForward : public GpuTest {};

@@ -87,18 +87,34 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-// Whether dispatch must pick the Hopper path of `kind` ("fwd" or "bwd") for this head dim and
-// dtype: on a compute capability 9.0 device, when this build compiled that variant (the test
-// layouts keep the outputs' rows 16-byte aligned).
-inline bool expect_hopper(const char* kind, int64_t head_dim, flashattn::DType dtype) {
+// Whether the current device has compute capability 9.0, where dispatch considers the Hopper paths.
+inline bool hopper_device() {
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
+// Runs fn(portable) twice: on the path dispatch picks (portable = false), then with the portable
+// path forced through the environment variable `var` (FLASHATTN_GPU_FORWARD / _BACKWARD).
+template <class F>
+void on_both_paths(const char* var, F&& fn) {
+  for (bool portable : {false, true}) {
+    SCOPED_TRACE(portable ? "portable path forced" : "default path");
+    ScopedEnv force(var, portable ? "portable" : nullptr);
+    fn(portable);
+  }
+}
+
+// Whether dispatch must pick the Hopper path of `kind` ("fwd" or "bwd") for this head dim and
+// dtype: on a compute capability 9.0 device, when this build compiled that variant (the test
+// layouts keep the outputs' rows 16-byte aligned).
+inline bool expect_hopper(const char* kind, int64_t head_dim, flashattn::DType dtype) {
   const std::string want = std::string(kind) + " hopper hdim" + std::to_string(head_dim) + " " +
                            flashattn::dtype_name(dtype) + " sm90a";
   const std::string kernels = flashattn::build_info().cuda_kernels;
-  return major == 9 && minor == 0 && (kernels + ",").find(want + ",") != std::string::npos;
+  return hopper_device() && (kernels + ",").find(want + ",") != std::string::npos;
 }
 
 }  // namespace fa_test
