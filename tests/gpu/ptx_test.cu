@@ -231,6 +231,32 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
+// A 64-row, row-major bf16 matrix of `cols` columns as a TMA map (64-row boxes, 128-byte swizzle).
+bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols) {
+  flashattn::cuda::sm90::TmaTensor t;
+  t.base = base;
+  t.head_dim = cols;
+  t.rows = 64;
+  t.heads = 1;
+  t.batch = 1;
+  t.row_stride = cols;
+  return flashattn::cuda::sm90::encode_tma_sw128(map, t, 64);
+}
+
+std::vector<__nv_bfloat16> random_bf16(size_t count, std::mt19937& rng) {
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<__nv_bfloat16> v(count);
+  for (auto& x : v) x = __float2bfloat16(n(rng));
+  return v;
+}
+
+bool sm90_family() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major == 9;
+}
+
 class Ptx : public GpuTest {};
 
 TEST_F(Ptx, CpAsyncCopiesAndZeroFills) {
@@ -270,10 +296,7 @@ TEST_F(Ptx, LdmatrixMatchesDocumentedLayout) {
 
 TEST_F(Ptx, MmaBf16MatchesHostProduct) {
   std::mt19937 rng(5);
-  std::normal_distribution<float> n(0.f, 1.f);
-  std::vector<__nv_bfloat16> A(16 * 16), B(16 * 8);
-  for (auto& x : A) x = __float2bfloat16(n(rng));
-  for (auto& x : B) x = __float2bfloat16(n(rng));
+  const std::vector<__nv_bfloat16> A = random_bf16(16 * 16, rng), B = random_bf16(16 * 8, rng);
   auto* dA = to_device(A);
   auto* dB = to_device(B);
   float* dC = nullptr;
@@ -348,28 +371,16 @@ TEST_F(Ptx, BulkReduceAddsRowsOnHopper) {
 }
 
 TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
-  int dev = 0, major = 0;
-  FA_CUDA_OK(cudaGetDevice(&dev));
-  FA_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (major != 9) GTEST_SKIP() << "TMA + wgmma need an sm_90a device";
+  if (!sm90_family()) GTEST_SKIP() << "TMA + wgmma need an sm_90a device";
   std::mt19937 rng(11);
-  std::normal_distribution<float> n(0.f, 1.f);
   std::vector<__nv_bfloat16> h[3];
   __nv_bfloat16* d[3];
   TmaMaps maps;
   CUtensorMap* m[3] = {&maps.q, &maps.k, &maps.v};
   for (int i = 0; i < 3; ++i) {
-    h[i].resize(64 * 128);
-    for (auto& x : h[i]) x = __float2bfloat16(n(rng));
+    h[i] = random_bf16(64 * 128, rng);
     d[i] = to_device(h[i]);
-    flashattn::cuda::sm90::TmaTensor t;
-    t.base = d[i];
-    t.head_dim = 128;
-    t.rows = 64;
-    t.heads = 1;
-    t.batch = 1;
-    t.row_stride = 128;
-    ASSERT_TRUE(flashattn::cuda::sm90::encode_tma_sw128(m[i], t, 64));
+    ASSERT_TRUE(encode_matrix(m[i], d[i], 128));
   }
   float *dS = nullptr, *dO = nullptr;
   int* ran = nullptr;
@@ -403,32 +414,17 @@ TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
 }
 
 TEST_F(Ptx, WgmmaTransposedAAndBulkLoadOnHopper) {
-  int dev = 0, major = 0;
-  FA_CUDA_OK(cudaGetDevice(&dev));
-  FA_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (major != 9) GTEST_SKIP() << "TMA + wgmma need an sm_90a device";
+  if (!sm90_family()) GTEST_SKIP() << "TMA + wgmma need an sm_90a device";
   std::mt19937 rng(12);
+  const std::vector<__nv_bfloat16> hx = random_bf16(64 * 64, rng), hy = random_bf16(64 * 128, rng);
   std::normal_distribution<float> n(0.f, 1.f);
-  std::vector<__nv_bfloat16> hx(64 * 64), hy(64 * 128);
-  for (auto& e : hx) e = __float2bfloat16(n(rng));
-  for (auto& e : hy) e = __float2bfloat16(n(rng));
   std::vector<float> hv(64);
   for (auto& e : hv) e = n(rng);
   __nv_bfloat16 *dx = to_device(hx), *dy = to_device(hy);
   float* dv = to_device(hv);
   TmaMaps maps;
-  flashattn::cuda::sm90::TmaTensor t;
-  t.base = dx;
-  t.head_dim = 64;
-  t.rows = 64;
-  t.heads = 1;
-  t.batch = 1;
-  t.row_stride = 64;
-  ASSERT_TRUE(flashattn::cuda::sm90::encode_tma_sw128(&maps.q, t, 64));
-  t.base = dy;
-  t.head_dim = 128;
-  t.row_stride = 128;
-  ASSERT_TRUE(flashattn::cuda::sm90::encode_tma_sw128(&maps.k, t, 64));
+  ASSERT_TRUE(encode_matrix(&maps.q, dx, 64));
+  ASSERT_TRUE(encode_matrix(&maps.k, dy, 128));
   float *dc = nullptr, *dvo = nullptr;
   int* ran = nullptr;
   FA_CUDA_OK(cudaMalloc(&dc, 64 * 128 * 4));
