@@ -173,11 +173,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         const int key0 = int(k0 + n * BN);
         ptx::thread_mbarrier_wait(kv_empty, (uint32_t(kt) & 1u) ^ 1u);
         ptx::thread_mbarrier_arrive_expect_tx(kv_full, 2 * T::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < T::kColBlocks; ++c) {
-          ptx::thread_tma_load_4d(sK + c * BN * 128, &P.tk, kv_full, 64 * c, key0, hk, tma_b);
-          ptx::thread_tma_load_4d(sV + c * BN * 128, &P.tv, kv_full, 64 * c, key0, hk, tma_b);
-        }
+        thread_tma_load_tile<BN, T::kColBlocks>(sK, &P.tk, kv_full, key0, hk, tma_b);
+        thread_tma_load_tile<BN, T::kColBlocks>(sV, &P.tv, kv_full, key0, hk, tma_b);
         ++kt;
         for (int s = 0; s < ks.steps; ++s, ++it) {
           const int h = hk * group + int(s / ks.m_tiles);
@@ -187,15 +184,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           const int64_t w = (int64_t(h) * ws.tiles_per_head + tile0 + m) * BM;
           ptx::thread_mbarrier_wait(&qdo_empty[stage], (uint32_t(it / S) & 1u) ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&q_full[stage], T::kQBytes + BM * 4);
-#pragma unroll
-          for (int c = 0; c < T::kColBlocks; ++c)
-            ptx::thread_tma_load_4d(sQ + stage * T::kQBytes + c * BM * 128, &P.tq, &q_full[stage], 64 * c, row, h, tma_b);
+          thread_tma_load_tile<BM, T::kColBlocks>(sQ + stage * T::kQBytes, &P.tq, &q_full[stage], row, h, tma_b);
           ptx::thread_bulk_load(sLse + stage * BM, ws.lse2 + w, BM * 4, &q_full[stage]);
           ptx::thread_mbarrier_arrive_expect_tx(&do_full[stage], T::kQBytes + BM * 4);
-#pragma unroll
-          for (int c = 0; c < T::kColBlocks; ++c)
-            ptx::thread_tma_load_4d(sdO + stage * T::kQBytes + c * BM * 128, &P.tdo, &do_full[stage], 64 * c, row, h,
-                                    tma_b);
+          thread_tma_load_tile<BM, T::kColBlocks>(sdO + stage * T::kQBytes, &P.tdo, &do_full[stage], row, h, tma_b);
           ptx::thread_bulk_load(sDelta + stage * BM, ws.delta + w, BM * 4, &do_full[stage]);
         }
       }

@@ -203,10 +203,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         const int qs = qt % T::kQStages;
         ptx::thread_mbarrier_wait(&q_empty[qs], (uint32_t(qt / T::kQStages) & 1u) ^ 1u);
         ptx::thread_mbarrier_arrive_expect_tx(&q_full[qs], T::kQBytes);
-#pragma unroll
-        for (int c = 0; c < T::kColBlocks; ++c)
-          ptx::thread_tma_load_4d(sQ + qs * T::kQBytes + c * BM * 128, &P.tq, &q_full[qs], 64 * c, int(w.q0 + w.r0), w.h,
-                                  tma_b);
+        thread_tma_load_tile<BM, T::kColBlocks>(sQ + qs * T::kQBytes, &P.tq, &q_full[qs], int(w.q0 + w.r0), w.h, tma_b);
         ++qt;
         for (int i = 0; i < w.count; ++i, ++it) {
           const int stage = it % S;
@@ -214,16 +211,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           const int key0 = int(w.k0 + (w.tiles.n_end - 1 - i) * BN);
           ptx::thread_mbarrier_wait(&k_empty[stage], phase ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < T::kColBlocks; ++c)
-            ptx::thread_tma_load_4d(sK + stage * T::kKVBytes + c * BN * 128, &P.tk, &k_full[stage], 64 * c, key0, w.hk,
-                                    tma_b);
+          thread_tma_load_tile<BN, T::kColBlocks>(sK + stage * T::kKVBytes, &P.tk, &k_full[stage], key0, w.hk, tma_b);
           ptx::thread_mbarrier_wait(&v_empty[stage], phase ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < T::kColBlocks; ++c)
-            ptx::thread_tma_load_4d(sV + stage * T::kKVBytes + c * BN * 128, &P.tv, &v_full[stage], 64 * c, key0, w.hk,
-                                    tma_b);
+          thread_tma_load_tile<BN, T::kColBlocks>(sV + stage * T::kKVBytes, &P.tv, &v_full[stage], key0, w.hk, tma_b);
         }
       }
     }

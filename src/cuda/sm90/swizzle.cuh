@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/sm90.cuh"
+
 namespace flashattn::cuda::sm90 {
 
 // Byte offset of element (row, col) of a 16-bit tile stored as 128-byte swizzled column blocks of
@@ -13,5 +15,16 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
   int block = col / 64, byte = (col % 64) * 2;
   return uint32_t(block * kRows * 128 + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15)));
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Loads a tile of kRows rows (from `row` of head `head`, batch entry `batch`) by TMA into this
+// layout, one 64-column box per column block, all completing on `bar`.
+template <int kRows, int kColBlocks>
+__device__ __forceinline__ void thread_tma_load_tile(unsigned char* smem, const void* tmap, uint64_t* bar, int row,
+                                                     int head, int batch) {
+#pragma unroll
+  for (int c = 0; c < kColBlocks; ++c) ptx::thread_tma_load_4d(smem + c * kRows * 128, tmap, bar, 64 * c, row, head, batch);
+}
+#endif
 
 }  // namespace flashattn::cuda::sm90
