@@ -49,6 +49,21 @@ struct MaskSpec {
   }
 };
 
+// Query tiles [m_begin, m_end) (tile size block_m) holding a row that sees a key of [c0, c1): the
+// backward's loop over query tiles for one key tile. Empty when no row sees those keys.
+struct QueryTiles {
+  int64_t m_begin = 0, m_end = 0;
+};
+
+FA_HD QueryTiles query_tiles_seeing(const MaskSpec& m, int64_t c0, int64_t c1, int64_t block_m) {
+  int64_t first, last;
+  m.rows_seeing(c0, c1, &first, &last);
+  QueryTiles t;
+  t.m_begin = first / block_m;
+  t.m_end = last > first ? (last + block_m - 1) / block_m : t.m_begin;
+  return t;
+}
+
 // Key tiles [n_begin, n_end) (tile size block_n) that query rows [r0, r1) must visit, and the
 // sub-range [n_nomask_begin, n_nomask_end) of those that need no element-wise mask.
 struct TileRange {

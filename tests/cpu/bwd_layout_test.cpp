@@ -1,14 +1,16 @@
-// The backward's workspace layout and the deterministic split count (src/cuda/bwd_layout.h) are
-// plain host/device arithmetic: their promises are checked here, where CI runs. In the tiled
-// layout every sequence's query tiles are consecutive, no two sequences share a tile, and all
-// tiles fit in tiles_per_head; the split count stays within [1, key tiles] and fills its waves
-// within 5% of the best count up to four waves.
+// The backward's work and workspace arithmetic is plain host/device code, checked here where CI
+// runs: the query tiles a key tile visits (core::query_tiles_seeing, both GPU backwards) are
+// exactly those holding a row that sees one of its keys; in the tiled workspace layout
+// (src/cuda/bwd_layout.h) every sequence's query tiles are consecutive, no two sequences share a
+// tile, and all tiles fit in tiles_per_head; the deterministic split count stays within [1, key
+// tiles] and fills its waves within 5% of the best count up to four waves.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <random>
 #include <vector>
 
+#include "core/block_range.h"
 #include "cuda/bwd_layout.h"
 
 namespace fa_test {
@@ -17,6 +19,28 @@ namespace {
 using flashattn::cuda::deterministic_splits;
 using flashattn::cuda::tile_base;
 using flashattn::cuda::tiles_per_head;
+
+TEST(BackwardLayout, KeyTilesVisitExactlyTheQueryTilesThatSeeThem) {
+  using flashattn::core::MaskSpec;
+  const int64_t block_m = 64, block_n = 128;
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {100, 300}, {300, 100}, {257, 257}, {64, 500}})
+    for (auto [wl, wr] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {10, 0}, {37, 11}, {0, 0}, {-1, 5}}) {
+      const MaskSpec mask{sq, sk, wl, wr};
+      for (int64_t c0 = 0; c0 < sk; c0 += block_n) {
+        const int64_t c1 = std::min(sk, c0 + block_n);
+        const auto t = flashattn::core::query_tiles_seeing(mask, c0, c1, block_m);
+        ASSERT_LE(t.m_begin, t.m_end);
+        for (int64_t m = 0; m * block_m < sq; ++m) {
+          bool sees = false;
+          for (int64_t r = m * block_m; r < std::min(sq, (m + 1) * block_m) && !sees; ++r)
+            for (int64_t j = c0; j < c1 && !sees; ++j) sees = mask.visible(r, j);
+          EXPECT_EQ(sees, m >= t.m_begin && m < t.m_end)
+              << "sq " << sq << " sk " << sk << " window (" << wl << ", " << wr << ") keys [" << c0 << ", " << c1
+              << ") query tile " << m;
+        }
+      }
+    }
+}
 
 TEST(BackwardLayout, VarlenSequencesNeverShareATile) {
   std::mt19937 rng(7);

@@ -150,9 +150,8 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
   for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
     const int64_t key0 = n * T::kBlockN;
     const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
-    int64_t row_first, row_last;
-    mask.rows_seeing(key0, key0 + keys_valid, &row_first, &row_last);
-    const int64_t m_begin = row_first / T::kBlockM, m_end = (row_last + T::kBlockM - 1) / T::kBlockM;
+    const core::QueryTiles q_tiles = core::query_tiles_seeing(mask, key0, key0 + keys_valid, T::kBlockM);
+    const int64_t m_begin = q_tiles.m_begin, m_end = q_tiles.m_end;
     const int64_t steps = (m_end - m_begin) * group;  // (query head, query tile) pairs
 
     float acc_dk[T::kColsD12 / 8][4], acc_dv[T::kColsD12 / 8][4];

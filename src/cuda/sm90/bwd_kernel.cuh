@@ -93,13 +93,11 @@ struct KeySteps {
 
 template <int BM, int BN>
 __device__ __forceinline__ KeySteps key_steps(const core::MaskSpec& mask, int64_t n, int group) {
-  const int64_t key0 = n * BN;
-  const int64_t keys = mask.seqlen_k - key0 < BN ? mask.seqlen_k - key0 : BN;
-  int64_t first, last;
-  mask.rows_seeing(key0, key0 + keys, &first, &last);
+  const int64_t key0 = n * BN, key1 = mask.seqlen_k < key0 + BN ? mask.seqlen_k : key0 + BN;
+  const core::QueryTiles q = core::query_tiles_seeing(mask, key0, key1, BM);
   KeySteps k;
-  k.m_begin = first / BM;
-  k.m_tiles = last > first ? (last + BM - 1) / BM - k.m_begin : 0;
+  k.m_begin = q.m_begin;
+  k.m_tiles = q.m_end - q.m_begin;
   k.steps = int(k.m_tiles * group);
   return k;
 }
