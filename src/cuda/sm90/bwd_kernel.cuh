@@ -80,7 +80,7 @@ struct BwdTraits {
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kDqBuffers * kDqBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK, dV accumulators: d/2 + d/2 fp32 per thread");
-  static_assert(kBlockM == 64 || kBlockM == 128, "query tile");
+  static_assert(kBlockM == 64 || kBlockM == 128, "query tile (a boundary step's mask is one 64-bit set)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -283,8 +283,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
     if (ks.steps > 0) {
-      // (Issuing step s+1's S^T and dP^T before storing step s's dQ keeps dQ live beside them:
-      // 224 accumulator registers, and ptxas spilled inside the loop.)
+      // Steps do not overlap within a warpgroup: issuing step s+1's S^T and dP^T before storing
+      // step s's dQ keeps 224 accumulator registers live, and ptxas then spilled inside the loop.
       ptx::thread_mbarrier_wait(kv_full, uint32_t(kt) & 1u);
       for (int s = 0; s < ks.steps; ++s, ++it) {
         float st[BM / 2], dp[BM / 2];
@@ -305,7 +305,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // Boundary steps: bit i set when element i is visible (query row inside the sequence and
         // key inside the row's range); rows past the sequence have no lse2 / delta, so masked
         // elements are selected to 0, never multiplied.
-        static_assert(BM / 2 <= 64, "visibility bits");
         uint64_t vis = ~uint64_t(0);
         if (masked) {
           vis = 0;
