@@ -554,28 +554,19 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     ptx::thread_cp_async_commit();
     ptx::thread_cp_async_wait<0>();
     __syncthreads();
-    // The merge_states rules (merge_row.cuh), in the same order: every lse seen, then the weights
-    // in split order; a part of weight 0 is skipped, a NaN weight makes the row NaN.
     for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
       const int row = i / quads, col = 4 * (i % quads);
-      core::MergeState<float> ms;
-#pragma unroll 1
-      for (int sp = 0; sp < L.splits; ++sp) ms.see(s_lse[sp * T::kBlockM + row]);
-      float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-      for (int sp = 0; sp < L.splits; ++sp) {
-        const float w = ms.add_weight(s_lse[sp * T::kBlockM + row]);
-        if (w == 0.f) continue;
-        const float4 v = *reinterpret_cast<const float4*>(s_o + sp * o_part + row * int(p.head_dim) + col);
-        o[0] += w * v.x;
-        o[1] += w * v.y;
-        o[2] += w * v.z;
-        o[3] += w * v.w;
-      }
-      const float scale = ms.out_scale();
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] *= scale;
-      store_out(row_id(row), col, o, ms.lse());
+      const auto lse_of = [&](int sp) { return s_lse[sp * T::kBlockM + row]; };
+      const auto load_o = [&](int sp, float (&v)[4]) {
+        const float4 x = *reinterpret_cast<const float4*>(s_o + sp * o_part + row * int(p.head_dim) + col);
+        v[0] = x.x;
+        v[1] = x.y;
+        v[2] = x.z;
+        v[3] = x.w;
+      };
+      float o[4];
+      const float lse = merge_row_serial<4>(L.splits, lse_of, load_o, o);
+      store_out(row_id(row), col, o, lse);
     }
     return;
   }

@@ -82,4 +82,30 @@ __device__ __forceinline__ float merge_row(int64_t parts, const LseOf& lse_of, c
   return ms.lse();
 }
 
+// The same merge one part at a time (the same weights, in the same order), for parts already in
+// shared memory, where there is no load latency to hide: the smallest code, which is what counts
+// where the merge runs once per launch from a cold instruction cache (the decode combine).
+template <int kCols, class LseOf, class LoadO>
+__device__ __forceinline__ float merge_row_serial(int parts, const LseOf& lse_of, const LoadO& load_o,
+                                                  float (&acc)[kCols]) {
+  core::MergeState<float> ms;
+#pragma unroll
+  for (int v = 0; v < kCols; ++v) acc[v] = 0.f;
+#pragma unroll 1
+  for (int i = 0; i < parts; ++i) ms.see(lse_of(i));
+#pragma unroll 1
+  for (int i = 0; i < parts; ++i) {
+    const float w = ms.add_weight(lse_of(i));
+    if (w == 0.f) continue;
+    float o[kCols];
+    load_o(i, o);
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) acc[v] += w * o[v];
+  }
+  const float scale = ms.out_scale();
+#pragma unroll
+  for (int v = 0; v < kCols; ++v) acc[v] *= scale;
+  return ms.lse();
+}
+
 }  // namespace flashattn::cuda
