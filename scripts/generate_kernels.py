@@ -16,7 +16,7 @@ HDIMS = [32, 64, 96, 128, 192, 256]
 DTYPES = {"f16": "__half", "bf16": "__nv_bfloat16"}
 ARCHS = [80, 90]  # target arch of the portable (mma.sync) path; 90 is built as sm_90a
 HOPPER_HDIMS = [64, 96, 128, 192, 256]  # the sm90a forward (TMA + wgmma); others run the portable path
-HOPPER_BWD_HDIMS = [64, 96, 128]  # the sm90a backward (96 in the d=128 kernel)
+HOPPER_BWD_HDIMS = [64, 96, 128, 256]  # the sm90a backward (96 in the d=128 kernel)
 WGMMA_NS = list(range(64, 193, 16))  # S tiles of 64..192 keys; O tiles of 64 and 128 columns
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

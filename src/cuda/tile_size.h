@@ -167,7 +167,8 @@ struct HopperBwdTile {
 
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
   if (head_dim <= 64) return {128, 2, 1};
-  return {64, 2, 2};
+  if (head_dim <= 128) return {64, 2, 2};
+  return {64, 2, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
 }
 
 }  // namespace flashattn::cuda

@@ -197,15 +197,16 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
 TEST_F(GpuBackward, AwkwardSequenceLengths) {
   uint32_t seed = 100;
   const std::pair<int64_t, int64_t> lens[] = {{1, 1}, {17, 17}, {1, 150}, {150, 1}, {100, 230}, {230, 100}};
-  for (auto [sq, sk] : lens)
-    for (bool causal : {false, true}) {
-      Case c;
-      c.seqlen_q = sq;
-      c.seqlen_k = sk;
-      c.head_dim = 128;
-      c.causal = causal;
-      check_case(c, seed++);
-    }
+  for (int64_t d : {128, 256})  // the two Hopper kernels (d=256 splits the head dim)
+    for (auto [sq, sk] : lens)
+      for (bool causal : {false, true}) {
+        Case c;
+        c.seqlen_q = sq;
+        c.seqlen_k = sk;
+        c.head_dim = d;
+        c.causal = causal;
+        check_case(c, seed++);
+      }
 }
 
 TEST_F(GpuBackward, WindowsSoftcapAndGroupedHeads) {
@@ -226,14 +227,26 @@ TEST_F(GpuBackward, WindowsSoftcapAndGroupedHeads) {
     c.causal = causal;
     check_case(c, seed++);
   }
-  Case g;
-  g.heads_q = 8;
-  g.heads_kv = 2;
-  g.seqlen_q = 100;
-  g.seqlen_k = 140;
-  g.causal = true;
-  g.head_dim = 128;
-  check_case(g, seed++);
+  for (int64_t d : {128, 256}) {
+    Case g;
+    g.heads_q = 8;
+    g.heads_kv = 2;
+    g.seqlen_q = 100;
+    g.seqlen_k = 140;
+    g.causal = true;
+    g.head_dim = d;
+    check_case(g, seed++);
+  }
+  Case w;  // every option at once on the d=256 kernel
+  w.heads_q = 4;
+  w.heads_kv = 2;
+  w.seqlen_q = 150;
+  w.seqlen_k = 180;
+  w.window_left = 37;
+  w.window_right = 11;
+  w.softcap = 5.f;
+  w.head_dim = 256;
+  check_case(w, seed++);
 }
 
 TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
@@ -255,6 +268,12 @@ TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
   o.seqlen_q = 65;
   o.seqlen_k = 129;
   check_case(o, 302);
+  Case v = c;
+  v.head_dim = 256;
+  check_case(v, 303);
+  Case w = s;
+  w.head_dim = 256;
+  check_case(w, 304);
 }
 
 // Several key tiles per head and more query steps than pipeline stages (the Q/dO ring, the dQ
@@ -262,7 +281,7 @@ TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
 // must be written as zeros).
 TEST_F(GpuBackward, LongerSequencesAndUnseenKeyTiles) {
   uint32_t seed = 350;
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true}) {
       Case c;
       c.heads_q = 4;
@@ -294,7 +313,7 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
     c.causal = true;
     return c;
   };
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
       const Case c = deterministic_case(d);
       SCOPED_TRACE(describe(c));
@@ -310,31 +329,34 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
         ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
       }
     });
-  check_case(deterministic_case(128), 400);  // the deterministic paths are also within the accuracy rule
+  // The deterministic paths are also within the accuracy rule.
+  check_case(deterministic_case(128), 400);
+  check_case(deterministic_case(256), 402);
 }
 
 TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
-  on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
-    Case c;
-    c.seqlen_q = 300;
-    c.seqlen_k = 300;
-    c.head_dim = 64;
-    Problem pr(c, 500);
-    pr.forward();
-    pr.backward();
-    expect_path(c, portable);
-    std::vector<unsigned char> dk0 = pr.dk.storage, dv0 = pr.dv.storage;
-    std::vector<double> dq0 = pr.dq.values();
-    double dq_max = 0;
-    for (double x : dq0) dq_max = std::max(dq_max, std::fabs(x));
-    for (int run = 0; run < 100; ++run) {
+  for (int64_t d : {64, 256})
+    on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
+      Case c;
+      c.seqlen_q = 300;
+      c.seqlen_k = 300;
+      c.head_dim = d;
+      Problem pr(c, 500);
+      pr.forward();
       pr.backward();
-      ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
-      ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
-      // dq sums fp32 additions in a varying order: equal within two bf16 ulps of the largest value.
-      EXPECT_LE(max_abs_diff(pr.dq.values(), dq0), dq_max * std::ldexp(1.0, -6)) << "run " << run;
-    }
-  });
+      expect_path(c, portable);
+      std::vector<unsigned char> dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+      std::vector<double> dq0 = pr.dq.values();
+      double dq_max = 0;
+      for (double x : dq0) dq_max = std::max(dq_max, std::fabs(x));
+      for (int run = 0; run < 100; ++run) {
+        pr.backward();
+        ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
+        ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
+        // dq sums fp32 additions in a varying order: equal within two bf16 ulps of the largest value.
+        EXPECT_LE(max_abs_diff(pr.dq.values(), dq0), dq_max * std::ldexp(1.0, -6)) << "run " << run;
+      }
+    });
 }
 
 TEST_F(GpuBackward, EnvironmentVariableIsValidated) {

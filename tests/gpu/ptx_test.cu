@@ -96,6 +96,20 @@ __global__ void bulk_reduce_kernel(float* gmem, int* ran) {
 #endif
 }
 
+// Vector reductions (sm90): the 64 threads of each of 4 CTAs add (4i, 4i + 1, 4i + 2, 4i + 3) *
+// (tid + 1) to float4 i = tid % 8 of one 32-float array, twice; many threads hit each address.
+__global__ void red_add_kernel(float* gmem, int* ran) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int i = int(threadIdx.x) % 8;
+  const float w = float(threadIdx.x + 1);
+  for (int pass = 0; pass < 2; ++pass)
+    ptx::thread_red_add_f32x4(gmem + 4 * i, make_float4(4 * i * w, (4 * i + 1) * w, (4 * i + 2) * w, (4 * i + 3) * w));
+  if (threadIdx.x == 0 && blockIdx.x == 0) *ran = 1;
+#else
+  if (threadIdx.x == 0 && blockIdx.x == 0) *ran = 0;
+#endif
+}
+
 // Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
 // warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
 // stray arrive or wait would leave barrier 2 unbalanced or hang).
@@ -366,6 +380,28 @@ TEST_F(Ptx, BulkReduceAddsRowsOnHopper) {
   if (!did) GTEST_SKIP() << "bulk reduce needs sm90";
   auto got = to_host(d, 64);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(got[i], base[i] + 2.f * float((i / 16) * 100 + i % 16)) << i;
+  cudaFree(d);
+  cudaFree(ran);
+}
+
+TEST_F(Ptx, VectorReductionsAddOnHopper) {
+  std::vector<float> base(32);
+  for (int i = 0; i < 32; ++i) base[i] = 0.5f * float(i) - 3.f;
+  float* d = to_device(base);
+  int* ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  red_add_kernel<<<4, 64>>>(d, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "vector reductions need sm90";
+  auto got = to_host(d, 32);
+  // Element 4i + e gets (4i + e) * (sum over threads t with t % 8 == i of t + 1) twice, in every
+  // CTA; all values are small integers plus halves, exact in fp32.
+  for (int j = 0; j < 32; ++j) {
+    const int i = j / 4;
+    double weights = 0;
+    for (int t = i; t < 64; t += 8) weights += t + 1;
+    EXPECT_EQ(got[j], base[j] + 4 * 2 * j * weights) << j;
+  }
   cudaFree(d);
   cudaFree(ran);
 }

@@ -102,6 +102,135 @@ __device__ __forceinline__ KeySteps key_steps(const core::MaskSpec& mask, int64_
   return k;
 }
 
+// The CTA's KV head, batch entry and sequences, computed identically by every role.
+struct BwdCta {
+  int hk, b, group;
+  int64_t q0, k0, sq, sk;   // first query / key row (packed varlen tensors), sequence lengths
+  int64_t n_blocks, tile0;  // key tiles; the batch entry's first workspace tile
+  core::MaskSpec mask;
+  bool varlen;
+};
+
+// What the producer fills and the consumers drain: K and V (once per key tile), and per query
+// step a stage of Q, dO and the tile's lse2 / delta rows, with their mbarriers.
+struct BwdRing {
+  unsigned char *k, *v, *q, *dout;  // q, dout: kStages tiles each
+  float *lse, *delta;               // [kStages][kBlockM]
+  uint64_t *kv_full, *kv_empty, *q_full, *do_full, *qdo_empty;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+template <int BM, int BN>
+__device__ __forceinline__ BwdCta bwd_cta(const core::BackwardParams& p) {
+  BwdCta c;
+  c.hk = int(blockIdx.y);
+  c.b = int(blockIdx.z);
+  c.group = int(p.heads_q / p.heads_kv);
+  c.q0 = c.k0 = 0;
+  c.sq = p.seqlen_q;
+  c.sk = p.seqlen_k;
+  c.varlen = p.cu_seqlens_q != nullptr;
+  if (c.varlen) {
+    c.q0 = p.cu_seqlens_q[c.b];
+    c.sq = p.cu_seqlens_q[c.b + 1] - c.q0;
+    c.k0 = p.cu_seqlens_k[c.b];
+    c.sk = p.cu_seqlens_k[c.b + 1] - c.k0;
+  }
+  c.mask = core::MaskSpec{c.sq, c.sk, p.window_left, p.window_right};
+  c.n_blocks = (c.sk + BN - 1) / BN;
+  c.tile0 = tile_base(p, BM, c.b);
+  return c;
+}
+
+// Carves the ring out of shared memory at `at` (tile order: K, V, Q stages, dO stages; then the
+// rows and the barriers at `rows`), and initializes the barriers (thread 0; the caller syncs).
+template <class T>
+__device__ __forceinline__ BwdRing bwd_ring(unsigned char* at, float* rows) {
+  BwdRing r;
+  r.k = at;
+  r.v = r.k + T::kKVBytes;
+  r.q = r.v + T::kKVBytes;
+  r.dout = r.q + T::kStages * T::kQBytes;
+  r.lse = rows;
+  r.delta = r.lse + T::kStages * T::kBlockM;
+  r.kv_full = reinterpret_cast<uint64_t*>(r.delta + T::kStages * T::kBlockM);
+  r.kv_empty = r.kv_full + 1;
+  r.q_full = r.kv_empty + 1;
+  r.do_full = r.q_full + T::kStages;
+  r.qdo_empty = r.do_full + T::kStages;
+  if (threadIdx.x == 0) {
+    ptx::thread_mbarrier_init(r.kv_full, 1);
+    ptx::thread_mbarrier_init(r.kv_empty, 2);  // one thread per consumer warpgroup
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::thread_mbarrier_init(&r.q_full[s], 1);
+      ptx::thread_mbarrier_init(&r.do_full[s], 1);
+      ptx::thread_mbarrier_init(&r.qdo_empty[s], 256);  // every consumer thread
+    }
+    ptx::thread_fence_mbarrier_init();
+  }
+  return r;
+}
+
+// The producer's loads (one elected thread): TMA loads of K and V per key tile, and per query step
+// of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout of
+// src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it.
+template <class T>
+__device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdCta& c, const BwdRing& r) {
+  constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
+  const BwdWorkspace& ws = P.ws;
+  ptx::thread_prefetch_tensormap(&P.tq);
+  ptx::thread_prefetch_tensormap(&P.tk);
+  ptx::thread_prefetch_tensormap(&P.tv);
+  ptx::thread_prefetch_tensormap(&P.tdo);
+  const int tma_b = c.varlen ? 0 : c.b;
+  int kt = 0, it = 0;
+  for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) {
+    const KeySteps ks = key_steps<BM, BN>(c.mask, n, c.group);
+    if (ks.steps == 0) continue;
+    const int key0 = int(c.k0 + n * BN);
+    ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
+    ptx::thread_mbarrier_arrive_expect_tx(r.kv_full, 2 * T::kKVBytes);
+    thread_tma_load_tile<BN, T::kColBlocks>(r.k, &P.tk, r.kv_full, key0, c.hk, tma_b);
+    thread_tma_load_tile<BN, T::kColBlocks>(r.v, &P.tv, r.kv_full, key0, c.hk, tma_b);
+    ++kt;
+    for (int s = 0; s < ks.steps; ++s, ++it) {
+      const int h = c.hk * c.group + int(s / ks.m_tiles);
+      const int64_t m = ks.m_begin + s % ks.m_tiles;
+      const int stage = it % S;
+      const int row = int(c.q0 + m * BM);
+      const int64_t w = (int64_t(h) * ws.tiles_per_head + c.tile0 + m) * BM;
+      ptx::thread_mbarrier_wait(&r.qdo_empty[stage], (uint32_t(it / S) & 1u) ^ 1u);
+      ptx::thread_mbarrier_arrive_expect_tx(&r.q_full[stage], T::kQBytes + BM * 4);
+      thread_tma_load_tile<BM, T::kColBlocks>(r.q + stage * T::kQBytes, &P.tq, &r.q_full[stage], row, h, tma_b);
+      ptx::thread_bulk_load(r.lse + stage * BM, ws.lse2 + w, BM * 4, &r.q_full[stage]);
+      ptx::thread_mbarrier_arrive_expect_tx(&r.do_full[stage], T::kQBytes + BM * 4);
+      thread_tma_load_tile<BM, T::kColBlocks>(r.dout + stage * T::kQBytes, &P.tdo, &r.do_full[stage], row, h, tma_b);
+      ptx::thread_bulk_load(r.delta + stage * BM, ws.delta + w, BM * 4, &r.do_full[stage]);
+    }
+  }
+}
+
+// Boundary steps (a partial query tile, or keys a row must not see): bit i set when accumulator i
+// of this thread (key row `key` + 8 ((i >> 1) & 1), query column 8 (i >> 2) + 2t + (i & 1) of the
+// tile at query row m0) is visible.
+template <int BM>
+__device__ __forceinline__ uint64_t visible_set(const core::MaskSpec& mask, int64_t m0, int64_t key, int t) {
+  uint64_t vis = 0;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t qrow = m0 + 8 * j + 2 * t + e;
+      const int64_t lo = mask.lo(qrow), hi = mask.hi(qrow);
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        if (qrow < mask.seqlen_q && key + 8 * rr >= lo && key + 8 * rr < hi) vis |= uint64_t(1) << (4 * j + 2 * rr + e);
+    }
+  return vis;
+}
+
+#endif
+
 template <class T, bool kSoftcap>
 __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_constant__ BwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -112,45 +241,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* sK = smem;
-  unsigned char* sV = sK + T::kKVBytes;
-  unsigned char* sQ = sV + T::kKVBytes;      // [S]
-  unsigned char* sdO = sQ + S * T::kQBytes;  // [S]
-  unsigned char* sdS = sdO + S * T::kQBytes;  // [2]: dS^T, [BN keys][BM queries]
-  float* sdQ = reinterpret_cast<float*>(sdS + 2 * T::kDsBytes);  // [NB][BM * D], fragment order
-  float* sLse = sdQ + NB * BM * D;                                // [S][BM]
-  float* sDelta = sLse + S * BM;                                  // [S][BM]
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(sDelta + S * BM);
-  uint64_t* kv_empty = kv_full + 1;
-  uint64_t* q_full = kv_empty + 1;
-  uint64_t* do_full = q_full + S;
-  uint64_t* qdo_empty = do_full + S;
-
-  if (threadIdx.x == 0) {
-    ptx::thread_mbarrier_init(kv_full, 1);
-    ptx::thread_mbarrier_init(kv_empty, 2);
-    for (int s = 0; s < S; ++s) {
-      ptx::thread_mbarrier_init(&q_full[s], 1);
-      ptx::thread_mbarrier_init(&do_full[s], 1);
-      ptx::thread_mbarrier_init(&qdo_empty[s], 256);  // every consumer thread
-    }
-    ptx::thread_fence_mbarrier_init();
-  }
+  unsigned char* sdS = smem + 2 * T::kKVBytes + 2 * S * T::kQBytes;  // [2]: dS^T, [BN keys][BM queries]
+  float* sdQ = reinterpret_cast<float*>(sdS + 2 * T::kDsBytes);       // [NB][BM * D], fragment order
+  const BwdRing ring = bwd_ring<T>(smem, sdQ + NB * BM * D);
   __syncthreads();
 
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const int group = int(p.heads_q / p.heads_kv);
-  int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  if (varlen) {
-    q0 = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - q0;
-    k0 = p.cu_seqlens_k[b];
-    sk = p.cu_seqlens_k[b + 1] - k0;
-  }
-  const core::MaskSpec mask{sq, sk, p.window_left, p.window_right};
-  const int64_t n_blocks = (sk + BN - 1) / BN;
-  const int64_t tile0 = tile_base(p, BM, b);
+  const BwdCta cta = bwd_cta<BM, BN>(p);
+  const int hk = cta.hk, b = cta.b, group = cta.group;
+  const int64_t k0 = cta.k0, sq = cta.sq, sk = cta.sk, n_blocks = cta.n_blocks, tile0 = cta.tile0;
+  const core::MaskSpec& mask = cta.mask;
   const bool deterministic = ws.splits > 1 || p.deterministic;
   const int wg = int(threadIdx.x) / 128;
 
@@ -158,37 +257,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     if (warp == 0 && ptx::warp_elect_one()) {
-      // ---- loads ----
-      ptx::thread_prefetch_tensormap(&P.tq);
-      ptx::thread_prefetch_tensormap(&P.tk);
-      ptx::thread_prefetch_tensormap(&P.tv);
-      ptx::thread_prefetch_tensormap(&P.tdo);
-      const int tma_b = varlen ? 0 : b;
-      int kt = 0, it = 0;
-      for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
-        const KeySteps ks = key_steps<BM, BN>(mask, n, group);
-        if (ks.steps == 0) continue;
-        const int key0 = int(k0 + n * BN);
-        ptx::thread_mbarrier_wait(kv_empty, (uint32_t(kt) & 1u) ^ 1u);
-        ptx::thread_mbarrier_arrive_expect_tx(kv_full, 2 * T::kKVBytes);
-        thread_tma_load_tile<BN, T::kColBlocks>(sK, &P.tk, kv_full, key0, hk, tma_b);
-        thread_tma_load_tile<BN, T::kColBlocks>(sV, &P.tv, kv_full, key0, hk, tma_b);
-        ++kt;
-        for (int s = 0; s < ks.steps; ++s, ++it) {
-          const int h = hk * group + int(s / ks.m_tiles);
-          const int64_t m = ks.m_begin + s % ks.m_tiles;
-          const int stage = it % S;
-          const int row = int(q0 + m * BM);
-          const int64_t w = (int64_t(h) * ws.tiles_per_head + tile0 + m) * BM;
-          ptx::thread_mbarrier_wait(&qdo_empty[stage], (uint32_t(it / S) & 1u) ^ 1u);
-          ptx::thread_mbarrier_arrive_expect_tx(&q_full[stage], T::kQBytes + BM * 4);
-          thread_tma_load_tile<BM, T::kColBlocks>(sQ + stage * T::kQBytes, &P.tq, &q_full[stage], row, h, tma_b);
-          ptx::thread_bulk_load(sLse + stage * BM, ws.lse2 + w, BM * 4, &q_full[stage]);
-          ptx::thread_mbarrier_arrive_expect_tx(&do_full[stage], T::kQBytes + BM * 4);
-          thread_tma_load_tile<BM, T::kColBlocks>(sdO + stage * T::kQBytes, &P.tdo, &do_full[stage], row, h, tma_b);
-          ptx::thread_bulk_load(sDelta + stage * BM, ws.delta + w, BM * 4, &do_full[stage]);
-        }
-      }
+      thread_load_steps<T>(P, cta, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
       float* slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
@@ -229,11 +298,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
   // K-major descriptors of this warpgroup's K and V rows (S^T, dP^T: A operands), stepped by
   // constant byte offsets / 16 as in the forward kernel.
-  const uint64_t k_desc = ptx::make_smem_desc_sw128(sK + cwg * 64 * 128, 16, 1024);
-  const uint64_t v_desc = ptx::make_smem_desc_sw128(sV + cwg * 64 * 128, 16, 1024);
+  const uint64_t k_desc = ptx::make_smem_desc_sw128(ring.k + cwg * 64 * 128, 16, 1024);
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(ring.v + cwg * 64 * 128, 16, 1024);
   // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row), B = K MN-major.
   const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
-  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(sK + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
 
   // acc = A B^T over the head dim, A this warpgroup's 64 key rows (K or V), B a query tile (Q or
   // dO), both K-major: k16 steps walk 32 bytes inside a 128-byte row, then the next column block.
@@ -250,14 +319,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   auto issue_sdp = [&](float(&st)[BM / 2], float(&dp)[BM / 2], int it) {
     const int stage = it % S;
     const uint32_t phase = uint32_t(it / S) & 1u;
-    const uint64_t q_desc = ptx::make_smem_desc_sw128(sQ + stage * T::kQBytes, 16, 1024);
-    const uint64_t do_desc = ptx::make_smem_desc_sw128(sdO + stage * T::kQBytes, 16, 1024);
-    ptx::thread_mbarrier_wait(&q_full[stage], phase);
+    const uint64_t q_desc = ptx::make_smem_desc_sw128(ring.q + stage * T::kQBytes, 16, 1024);
+    const uint64_t do_desc = ptx::make_smem_desc_sw128(ring.dout + stage * T::kQBytes, 16, 1024);
+    ptx::thread_mbarrier_wait(&ring.q_full[stage], phase);
     ptx::thread_pin(st);
     ptx::thread_pin(dp);
     ptx::warpgroup_fence();
     product_over_d(st, k_desc, q_desc);
-    ptx::thread_mbarrier_wait(&do_full[stage], phase);
+    ptx::thread_mbarrier_wait(&ring.do_full[stage], phase);
     product_over_d(dp, v_desc, do_desc);
   };
   // dQ of step `it` to the writer warp's buffer: float4 c of thread tid of warpgroup cwg at
@@ -285,7 +354,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     if (ks.steps > 0) {
       // Steps do not overlap within a warpgroup: issuing step s+1's S^T and dP^T before storing
       // step s's dQ keeps 224 accumulator registers live, and ptxas then spilled inside the loop.
-      ptx::thread_mbarrier_wait(kv_full, uint32_t(kt) & 1u);
+      ptx::thread_mbarrier_wait(ring.kv_full, uint32_t(kt) & 1u);
       for (int s = 0; s < ks.steps; ++s, ++it) {
         float st[BM / 2], dp[BM / 2];
         issue_sdp(st, dp, it);
@@ -295,31 +364,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // is uniform across the CTA, so the branches below stay warp-uniform.
         const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
         const int stage = it % S;
-        unsigned char* sQs = sQ + stage * T::kQBytes;
-        unsigned char* sdOs = sdO + stage * T::kQBytes;
+        unsigned char* sQs = ring.q + stage * T::kQBytes;
+        unsigned char* sdOs = ring.dout + stage * T::kQBytes;
 
         // Accumulator i of this thread: key row key_a + 8 ((i >> 1) & 1), query column
         // 8 (i >> 2) + 2t + (i & 1).
-        const float* lse2 = sLse + stage * BM;
-        const float* delta = sDelta + stage * BM;
-        // Boundary steps: bit i set when element i is visible (query row inside the sequence and
-        // key inside the row's range); rows past the sequence have no lse2 / delta, so masked
-        // elements are selected to 0, never multiplied.
-        uint64_t vis = ~uint64_t(0);
-        if (masked) {
-          vis = 0;
-          const int64_t key = key0 + key_a;
-#pragma unroll
-          for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int64_t qrow = m0 + 8 * j + 2 * t + e;
-              const int64_t lo = mask.lo(qrow), hi = mask.hi(qrow);
-#pragma unroll
-              for (int rr = 0; rr < 2; ++rr)
-                if (qrow < sq && key + 8 * rr >= lo && key + 8 * rr < hi) vis |= uint64_t(1) << (4 * j + 2 * rr + e);
-            }
-        }
+        const float* lse2 = ring.lse + stage * BM;
+        const float* delta = ring.delta + stage * BM;
+        // Rows past the sequence have no lse2 / delta, so masked elements are selected to 0, never
+        // multiplied.
+        const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
@@ -398,12 +452,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // accesses only. The proxy fence orders those generic reads before the copy engine's next
         // writes to the stage.
         ptx::thread_fence_proxy_async_smem();
-        ptx::thread_mbarrier_arrive(&qdo_empty[stage]);
+        ptx::thread_mbarrier_arrive(&ring.qdo_empty[stage]);
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
         store_dq(dq, it);
       }
-      if (tid == 0) ptx::thread_mbarrier_arrive(kv_empty);
+      if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
       ++kt;
     }
 

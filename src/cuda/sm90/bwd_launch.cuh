@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/backward.h"
 #include "cuda/common.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_wide_kernel.cuh"
 #include "cuda/sm90/tma.h"
 #include "cuda/tile_size.h"
 
@@ -21,7 +23,11 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // stores of dk, dv and dq stop at d.
   constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
   constexpr HopperBwdTile tile = hopper_bwd_tile(kTileDim);
-  using T = sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers>;
+  // d <= 128: keys split between the consumer warpgroups; wider: columns (bwd_wide_kernel.cuh).
+  constexpr bool kWide = kTileDim > 128;
+  using T = std::conditional_t<kWide, sm90::WideBwdTraits<kTileDim, Element, tile.stages>,
+                               sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers>>;
+  static_assert(T::kBlockM == tile.block_m, "the tile table and the kernel agree on the query tile");
   constexpr int BM = T::kBlockM;
 
   // Maps first: if the driver rejects a layout, nothing has run and the portable path takes over.
@@ -52,7 +58,12 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
-  auto kernel = p.softcap > 0.f ? sm90::backward_kernel<T, true> : sm90::backward_kernel<T, false>;
+  auto kernel = [&] {
+    if constexpr (kWide)
+      return p.softcap > 0.f ? sm90::backward_wide_kernel<T, true> : sm90::backward_wide_kernel<T, false>;
+    else
+      return p.softcap > 0.f ? sm90::backward_kernel<T, true> : sm90::backward_kernel<T, false>;
+  }();
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
   const unsigned grid_x = unsigned(p.deterministic ? ws.splits : n_blocks);

@@ -1,0 +1,343 @@
+// The Hopper backward for wide heads (d = 256), beside the d <= 128 kernel of bwd_kernel.cuh, whose
+// header describes what both share: one CTA per (key tile, KV head, batch) streaming the query
+// tiles of the GQA group, the producer warp and its ring (thread_load_steps), the softmax scale
+// folded into dK and dQ, and the fragment-order dQ workspace.
+//
+// At d = 256, dK and dV of 64 keys take 256 fp32 registers per thread of one warpgroup, more than a
+// consumer has. So the two consumer warpgroups split the head dim instead of the keys: the CTA
+// owns kBlockN = 64 keys and each warpgroup accumulates dK, dV (and dQ) for 128 of the columns.
+// The score and gradient products are not split; each warpgroup computes one of them:
+//   * the score warpgroup (consumer 0): S^T = K Q^T (wgmma, both operands in shared memory),
+//     P^T = exp2(S^T c - lse2) in registers; once the other warpgroup's dP^T is in shared memory,
+//     dS^T = P^T o (dP^T - delta). P^T and dS^T go to shared memory (bf16) for the other warpgroup;
+//     this one uses them from registers.
+//   * the gradient warpgroup (consumer 1): dP^T = V dO^T into shared memory (fp32, fragment order).
+//   * each warpgroup for its columns c: dV[:, c] += P^T dO[:, c], dK[:, c] += dS^T Q[:, c] (the score
+//     warpgroup with A from registers, the other from shared memory), dQ[:, c] = dS K[:, c] (dS^T
+//     read transposed from shared memory).
+// dQ goes from the accumulators to the fp32 workspace with vector reductions (red.v4, 512
+// contiguous bytes per warp instruction): a 64 x 256 fp32 staging buffer does not fit beside K, V
+// and two stages of Q and dO. The workspace order is the d <= 128 kernel's, dQ split by columns, so
+// backward_convert_dq_kernel reads it unchanged.
+// Determinism: each dQ element of a CTA's slice is added by one thread (the fragment layout fixes
+// which) in program order, so with one slice per split (deterministic mode) the order of every
+// element's additions is fixed, with no waiting.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd_kernel.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <int kHeadDim_, class Element_, int kStages_>
+struct WideBwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;  // query rows per step
+  static constexpr int kBlockN = 64;  // keys per CTA
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 384;
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kHalf = kHeadDim / 2;  // dK, dV, dQ columns per consumer warpgroup
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kPBytes = kBlockN * kBlockM * 2;  // P^T or dS^T: bf16, one swizzled column block
+  static constexpr int kDpBytes = kBlockN * kBlockM * 4;  // dP^T: fp32, fragment order
+  // The dQ workspace as backward_convert_dq_kernel reads it: fragment order, split by columns.
+  static constexpr bool kDqSplitRows = false;
+  static constexpr int kDqN = kHalf;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // Named barriers (0 is __syncthreads): "dP^T is in shared memory" (gradient -> score
+  // warpgroup), "P^T and dS^T are" (score -> gradient), and the score warpgroup's own "dS^T is"
+  // (its dQ reads what all four of its warps wrote). Each is arrived at on one side and waited on
+  // on the other, or used by one warpgroup alone.
+  static constexpr int kDpBarrier = 1;
+  static constexpr int kPBarrier = 2;
+  static constexpr int kDsBarrier = 3;
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes + kDpBytes +
+                                    2 * kStages * kBlockM * 4 + kBarrierBytes;
+  static_assert(kHalf % 64 == 0, "a warpgroup's columns are whole 64-column blocks");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <class T, bool kSoftcap>
+__global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __grid_constant__ BwdParams P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using E = typename T::Element;
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, H = T::kHalf;
+  const core::BackwardParams& p = P.p;
+  const BwdWorkspace& ws = P.ws;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sP = smem + 2 * T::kKVBytes + 2 * S * T::kQBytes;  // P^T, [BN keys][BM queries]
+  unsigned char* sdS = sP + T::kPBytes;                                // dS^T, same layout
+  float* sdP = reinterpret_cast<float*>(sdS + T::kPBytes);             // dP^T, fragment order
+  const BwdRing ring = bwd_ring<T>(smem, sdP + BN * BM);
+  __syncthreads();
+
+  const BwdCta cta = bwd_cta<BM, BN>(p);
+  const core::MaskSpec& mask = cta.mask;
+  const int wg = int(threadIdx.x) / 128;
+  if (wg == 0) {
+    ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
+    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_steps<T>(P, cta, ring);
+    return;
+  }
+
+  ptx::warpgroup_reg_alloc<T::kConsumerRegs>();
+  const int cwg = wg - 1;  // 0: the score warpgroup, 1: the gradient one; columns [H cwg, H cwg + H)
+  const int tid = int(threadIdx.x) % 128;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Accumulator i of a BN x BM product (S^T, dP^T): key row key_a + 8 ((i >> 1) & 1), query
+  // column 8 (i >> 2) + 2t + (i & 1); of a dK / dV product: the same rows, column 8 (i >> 2) + 2t
+  // + (i & 1) of this warpgroup's half.
+  const int key_a = 16 * warp + g;
+  const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
+  const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
+  const bool deterministic = ws.splits > 1 || p.deterministic;
+  float* slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
+
+  // S^T (score) or dP^T (gradient): A = this warpgroup's K or V rows, K-major.
+  const uint64_t kv_desc = ptx::make_smem_desc_sw128(cwg == 0 ? ring.k : ring.v, 16, 1024);
+  // dS^T read transposed: dQ's A operand.
+  const uint64_t dst_desc = ptx::make_smem_desc_sw128(sdS, BN * 128, 1024);
+  // This warpgroup's columns of K as dQ's MN-major B operand, and the offset of its columns in a
+  // Q or dO tile.
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + cwg * (H / 64) * BN * 128, BN * 128, 1024);
+  const int half_off = cwg * (H / 64) * BM * 128;
+
+  // acc = A B^T over the head dim (B a Q or dO stage, K-major).
+  auto product_over_d = [&](float(&acc)[BM / 2], uint64_t b_desc) {
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const int cb = k / 4, kk = k % 4;
+      ptx::Wgmma<E, BM>::template ss<0>(acc, kv_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                        b_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
+    }
+    ptx::warpgroup_commit();
+  };
+  // dQ[:, half] = dS K[:, half] (one commit group), and its addition into workspace tile `tile`
+  // (query head, query tile) once it landed.
+  auto issue_dq = [&](float(&dq)[H / 2]) {
+    ptx::thread_pin(dq);
+    ptx::warpgroup_fence();
+#pragma unroll
+    for (int k = 0; k < BN / 16; ++k)
+      ptx::Wgmma<E, H>::template ss<1, 1>(dq, dst_desc + uint64_t((k * 2048) >> 4), kmn_desc + uint64_t((k * 2048) >> 4),
+                                          k > 0 ? 1 : 0);
+    ptx::warpgroup_commit();
+  };
+  auto add_dq = [&](float(&dq)[H / 2], int64_t tile) {
+    ptx::thread_pin(dq);
+    // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
+    // address (immediate offsets, not one 64-bit address per instruction).
+    float* dst = slice + tile * BM * D + (cwg * 128 + tid) * 4;
+#pragma unroll
+    for (int c = 0; c < H / 8; ++c)
+      ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
+  };
+  // Every consumer thread releases the stage after its reads of it (an mbarrier arrive releases
+  // the arriving thread's own accesses; the proxy fence orders them before the next TMA writes).
+  auto release = [&](int stage) {
+    ptx::thread_fence_proxy_async_smem();
+    ptx::thread_mbarrier_arrive(&ring.qdo_empty[stage]);
+  };
+
+  // One query step: its ring stage, its workspace tile, and where its operands sit.
+  struct Step {
+    int stage;
+    uint32_t phase;
+    int64_t m, n, key0, tile;  // query tile, key tile, first key, workspace tile
+    unsigned char *q, *dout;   // the stage's Q and dO tiles
+    uint64_t q_mn, do_mn;      // this warpgroup's columns of them, MN-major
+  };
+
+  auto score_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
+    const int stage = at.stage;
+    const int64_t m = at.m, n = at.n, key0 = at.key0;
+    const uint64_t q_mn = at.q_mn, do_mn = at.do_mn;
+    float st[BM / 2];
+    ptx::thread_mbarrier_wait(&ring.q_full[stage], at.phase);
+    ptx::thread_pin(st);
+    ptx::warpgroup_fence();
+    product_over_d(st, ptx::make_smem_desc_sw128(at.q, 16, 1024));
+    // The step's mask while S^T is on the tensor cores (see the d <= 128 kernel).
+    const int64_t m0 = m * BM;
+    const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
+    const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
+    const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
+    const float* lse2 = ring.lse + stage * BM;
+    const float* delta = ring.delta + stage * BM;
+    ptx::warpgroup_wait<0>();
+    ptx::thread_pin(st);
+    float dtanh[kSoftcap ? BM / 2 : 1];  // softcap: d tanh(x) / dx = 1 - tanh^2
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) {
+      const float l = lse2[8 * (i >> 2) + 2 * t + (i & 1)];
+      if constexpr (kSoftcap) {
+        const float u = ptx::thread_tanh(st[i] * tanh_scale);
+        dtanh[i] = 1.f - u * u;
+        st[i] = ptx::thread_exp2(fmaf(u, c_log2, -l));
+      } else {
+        st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -l));
+      }
+      if (masked && !((vis >> i) & 1)) st[i] = 0.f;
+    }
+    uint32_t pf[BM / 4], dsf[BM / 4];
+#pragma unroll
+    for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+    // dV[:, half] += P^T dO[:, half] while the gradient warpgroup finishes dP^T.
+    ptx::thread_pin(pf);
+    ptx::thread_pin(dv);
+    ptx::warpgroup_fence();
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k)
+      ptx::Wgmma<E, H>::template rs<1>(dv, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * k]),
+                                       do_mn + uint64_t((k * 2048) >> 4), 1);
+    ptx::warpgroup_commit();
+    // dP^T has landed, and the gradient warpgroup is done with the previous step's P^T and
+    // dS^T, so both buffers may be rewritten.
+    ptx::thread_named_sync(T::kDpBarrier, 256);
+#pragma unroll
+    for (int c = 0; c < BM / 8; ++c) {
+      const float4 d4 = *reinterpret_cast<const float4*>(sdP + (c * 128 + tid) * 4);
+      const float dpc[4] = {d4.x, d4.y, d4.z, d4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * c + e;
+        float ds = st[i] * (dpc[e] - delta[8 * c + 2 * t + (e & 1)]);
+        if constexpr (kSoftcap) ds *= dtanh[i];
+        // Rows past the sequence have no lse2 / delta: select, never multiply.
+        st[i] = masked && !((vis >> i) & 1) ? 0.f : ds;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < BM / 4; ++j) {
+      dsf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+      const uint32_t at = swizzled_offset<BN>(key_a + 8 * (j & 1), 8 * (j >> 1) + 2 * t);
+      *reinterpret_cast<uint32_t*>(sP + at) = pf[j];
+      *reinterpret_cast<uint32_t*>(sdS + at) = dsf[j];
+    }
+    ptx::thread_pin(dsf);
+    ptx::thread_pin(dk);
+    ptx::warpgroup_fence();
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k)
+      ptx::Wgmma<E, H>::template rs<1>(dk, *reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * k]),
+                                       q_mn + uint64_t((k * 2048) >> 4), 1);
+    ptx::warpgroup_commit();
+    ptx::thread_fence_proxy_async_smem();
+    ptx::thread_named_arrive(T::kPBarrier, 256);
+    ptx::thread_named_sync(T::kDsBarrier, 128);
+    // dQ after dV and dK completed: P^T and dS^T then leave the registers, and the 64 dQ
+    // accumulators fit beside dK and dV.
+    ptx::warpgroup_wait<0>();
+    ptx::thread_pin(dv);
+    ptx::thread_pin(dk);
+    ptx::thread_pin(pf);
+    ptx::thread_pin(dsf);
+    release(stage);
+    float dq[H / 2];
+    issue_dq(dq);
+    ptx::warpgroup_wait<0>();
+    add_dq(dq, at.tile);
+  };
+
+  auto gradient_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
+    const int stage = at.stage;
+    const uint64_t q_mn = at.q_mn, do_mn = at.do_mn;
+    // P^T and dS^T as K-major A operands (keys x queries).
+    const uint64_t p_desc = ptx::make_smem_desc_sw128(sP, 16, 1024);
+    const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdS, 16, 1024);
+    float dp[BM / 2];
+    ptx::thread_mbarrier_wait(&ring.do_full[stage], at.phase);
+    ptx::thread_pin(dp);
+    ptx::warpgroup_fence();
+    product_over_d(dp, ptx::make_smem_desc_sw128(at.dout, 16, 1024));
+    ptx::warpgroup_wait<0>();
+    ptx::thread_pin(dp);
+    // The score warpgroup read the previous step's dP^T before the last P barrier.
+#pragma unroll
+    for (int c = 0; c < BM / 8; ++c)
+      *reinterpret_cast<float4*>(sdP + (c * 128 + tid) * 4) = make_float4(dp[4 * c], dp[4 * c + 1], dp[4 * c + 2], dp[4 * c + 3]);
+    ptx::thread_named_arrive(T::kDpBarrier, 256);
+    ptx::thread_named_sync(T::kPBarrier, 256);
+    ptx::thread_pin(dv);
+    ptx::thread_pin(dk);
+    ptx::warpgroup_fence();
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k)
+      ptx::Wgmma<E, H>::template ss<1>(dv, p_desc + uint64_t((k * 32) >> 4), do_mn + uint64_t((k * 2048) >> 4), 1);
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k)
+      ptx::Wgmma<E, H>::template ss<1>(dk, ds_desc + uint64_t((k * 32) >> 4), q_mn + uint64_t((k * 2048) >> 4), 1);
+    ptx::warpgroup_commit();
+    float dq[H / 2];
+    issue_dq(dq);
+    ptx::warpgroup_wait<1>();
+    ptx::thread_pin(dv);
+    ptx::thread_pin(dk);
+    release(stage);
+    ptx::warpgroup_wait<0>();
+    add_dq(dq, at.tile);
+  };
+
+  // The CTA's key tiles and their query steps. (One loop with the role's branch inside: one loop
+  // per role kept more values live and spilled several times as much.)
+  int kt = 0, it = 0;
+  for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+    const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
+    const int64_t key0 = n * BN;
+    float dk[H / 2], dv[H / 2];
+#pragma unroll
+    for (int i = 0; i < H / 2; ++i) dk[i] = dv[i] = 0.f;
+
+    if (ks.steps > 0) {
+      ptx::thread_mbarrier_wait(ring.kv_full, uint32_t(kt) & 1u);
+      for (int s = 0; s < ks.steps; ++s, ++it) {
+        Step at;
+        at.stage = it % S;
+        at.phase = uint32_t(it / S) & 1u;
+        const int h = cta.hk * cta.group + int(s / ks.m_tiles);
+        at.m = ks.m_begin + s % ks.m_tiles;
+        at.n = n;
+        at.key0 = key0;
+        at.tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + at.m;
+        at.q = ring.q + at.stage * T::kQBytes;
+        at.dout = ring.dout + at.stage * T::kQBytes;
+        at.q_mn = ptx::make_smem_desc_sw128(at.q + half_off, BM * 128, 1024);
+        at.do_mn = ptx::make_smem_desc_sw128(at.dout + half_off, BM * 128, 1024);
+        if (cwg == 0)
+          score_step(at, dk, dv);
+        else
+          gradient_step(at, dk, dv);
+      }
+      if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
+      ++kt;
+    }
+    // dK (times the softmax scale) and dV of this warpgroup's columns, written once (zeros for
+    // keys no query sees).
+    const int keys_valid = int(cta.sk - key0 < BN ? cta.sk - key0 : BN);
+#pragma unroll
+    for (int i = 0; i < H / 2; i += 2) {
+      const int row = key_a + 8 * ((i >> 1) & 1);
+      const int col = cwg * H + 8 * (i >> 2) + 2 * t;
+      if (row >= keys_valid || col >= p.head_dim) continue;
+      const int64_t key = cta.k0 + key0 + row;
+      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(cta.b, key, cta.hk) + col) =
+          ptx::thread_pack2<E>(dk[i] * p.scale, dk[i + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(cta.b, key, cta.hk) + col) =
+          ptx::thread_pack2<E>(dv[i], dv[i + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace flashattn::cuda::sm90
