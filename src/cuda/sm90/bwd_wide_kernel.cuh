@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const BwdWorkspace& ws = P.ws;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = align_shared_1024(smem_raw);
   unsigned char* sP = smem + 2 * T::kKVBytes + 2 * S * T::kQBytes;  // P^T, [BN keys][BM queries]
   unsigned char* sdS = sP + T::kPBytes;                                // dS^T, same layout
   float* sdP = reinterpret_cast<float*>(sdS + T::kPBytes);             // dP^T, fragment order
@@ -134,11 +134,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
                                           k > 0 ? 1 : 0);
     ptx::warpgroup_commit();
   };
-  auto add_dq = [&](float(&dq)[H / 2], int64_t tile) {
+  auto add_dq = [&](float(&dq)[H / 2], int tile) {
     ptx::thread_pin(dq);
     // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
     // address (immediate offsets, not one 64-bit address per instruction).
-    float* dst = slice + tile * BM * D + (cwg * 128 + tid) * 4;
+    float* dst = slice + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
 #pragma unroll
     for (int c = 0; c < H / 8; ++c)
       ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
@@ -154,14 +154,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   struct Step {
     int stage;
     uint32_t phase;
-    int64_t m, n, key0, tile;  // query tile, key tile, first key, workspace tile
+    int m, n, key0, tile;  // query tile, key tile, first key, workspace tile (int32: fewer registers)
     unsigned char *q, *dout;   // the stage's Q and dO tiles
     uint64_t q_mn, do_mn;      // this warpgroup's columns of them, MN-major
   };
 
   auto score_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
     const int stage = at.stage;
-    const int64_t m = at.m, n = at.n, key0 = at.key0;
+    const int m = at.m, n = at.n, key0 = at.key0;
     const uint64_t q_mn = at.q_mn, do_mn = at.do_mn;
     float st[BM / 2];
     ptx::thread_mbarrier_wait(&ring.q_full[stage], at.phase);
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::warpgroup_fence();
     product_over_d(st, ptx::make_smem_desc_sw128(at.q, 16, 1024));
     // The step's mask while S^T is on the tensor cores (see the d <= 128 kernel).
-    const int64_t m0 = m * BM;
+    const int64_t m0 = int64_t(m) * BM;
     const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
     const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
     const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
@@ -306,10 +306,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
         at.stage = it % S;
         at.phase = uint32_t(it / S) & 1u;
         const int h = cta.hk * cta.group + int(s / ks.m_tiles);
-        at.m = ks.m_begin + s % ks.m_tiles;
-        at.n = n;
-        at.key0 = key0;
-        at.tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + at.m;
+        at.m = int(ks.m_begin + s % ks.m_tiles);
+        at.n = int(n);
+        at.key0 = int(key0);
+        at.tile = int(int64_t(h) * ws.tiles_per_head + cta.tile0 + at.m);
         at.q = ring.q + at.stage * T::kQBytes;
         at.dout = ring.dout + at.stage * T::kQBytes;
         at.q_mn = ptx::make_smem_desc_sw128(at.q + half_off, BM * 128, 1024);
