@@ -440,10 +440,12 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // (16, or fewer so that a box never leaves a page) by 64 columns, into 128-byte swizzled
       // column blocks, completing on the (slot, column) full barrier; the column's readers
       // release the slot on its empty barrier. No CTA-wide barrier in the loop: a warp waits only
-      // for its own rows and, to refill a slot, for the warps that share them. A box costs the
-      // copy engine one request: a bulk copy per 256-byte row, and cp.async before it, both
-      // topped out near 28 GB/s per SM on the H200, below the ~32 GB/s per SM of HBM bandwidth.
-      // Rows a box cannot serve (at and past the cached length: appended tokens, the tail past
+      // for its own rows and, to refill a slot, for the warps that share them. A box is one
+      // request to the copy engine (a bulk copy per 256-byte row was slower than cp.async on the
+      // H200: b=64 kv=4k 3728 against 4177 GB/s), and paged caches cost little more than
+      // contiguous ones: the block table is the only difference. (The loads are not what bounds a
+      // CTA: with boxes, as with cp.async, one CTA of 4 warps streamed ~25 GB/s; the tile math of
+      // one warp per scheduler, its latencies exposed, is.) Rows a box cannot serve (at and past the cached length: appended tokens, the tail past
       // the keys; or on a bad page) are written by the warp's lanes instead. Block-table entries
       // are read kIdsAhead tiles ahead of their copies, in registers, so paging adds no latency.
       uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kDataSmem);  // [slot][warp column]
