@@ -445,9 +445,10 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // H200: b=64 kv=4k 3728 against 4177 GB/s), and paged caches cost little more than
       // contiguous ones: the block table is the only difference. (The loads are not what bounds a
       // CTA: with boxes, as with cp.async, one CTA of 4 warps streamed ~25 GB/s; the tile math of
-      // one warp per scheduler, its latencies exposed, is.) Rows a box cannot serve (at and past the cached length: appended tokens, the tail past
-      // the keys; or on a bad page) are written by the warp's lanes instead. Block-table entries
-      // are read kIdsAhead tiles ahead of their copies, in registers, so paging adds no latency.
+      // one warp per scheduler, its latencies exposed, is.) Rows a box cannot serve (at and past
+      // the cached length: appended tokens, the tail past the keys; or on a bad page) are written
+      // by the warp's lanes instead. Block-table entries are read kIdsAhead tiles ahead of their
+      // copies, in registers, so paging adds no latency.
       uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kDataSmem);  // [slot][warp column]
       uint64_t* empty = full + T::kSlots * T::kWarpsN;
       const int row0 = wn * T::kWarpKeys + wm * 16;  // this warp's rows of every half-tile
@@ -558,7 +559,9 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // entry is read a step before its row is written (fetch_id / store_rows), so the load's
       // latency hides behind that step's work.
       RowSrc* s_rows = reinterpret_cast<RowSrc*>(smem + T::kLoopSmem);
-      auto store_rows = [&](int m, int32_t id) { s_rows[(m % T::kRowSlots) * T::kBlockN + tid] = row_source(m, tid, id); };
+      auto store_rows = [&](int m, int32_t id) {
+        s_rows[(m % T::kRowSlots) * T::kBlockN + tid] = row_source(m, tid, id);
+      };
 
       // Half-tile j: K (even j) or V (odd j) of tile j / 2, into ring slot j % kSlots. Threads keep
       // one chunk column and walk rows; head dims 96 and 192 leave the padding columns idle.
