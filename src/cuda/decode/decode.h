@@ -8,6 +8,7 @@
 // merges them into out and lse (src/cuda/merge/merge_row.cuh): one launch per step.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,6 +31,11 @@ struct DecodeLaunch {
   float* part_lse = nullptr;     //             [splits, batch, heads_kv, row_tiles, rows per CTA]
   uint32_t* arrivals = nullptr;  //             [batch, heads_kv, row_tiles]: CTAs done, 0 at the start
   uint32_t* status = nullptr;    // [2]: fault bits; ~(lowest faulty sequence), 0 = none
+  // sm90 kernels: the K and V caches as TMA tensors [pages (batch when contiguous), page rows,
+  // heads_kv, head_dim], boxes of box_rows rows (16, or the largest power of two dividing the page
+  // size, so that a box stays within a page) by 64 columns; filled by run_decode.
+  CUtensorMap k_map, v_map;
+  int32_t box_rows = 16;
 };
 
 // The workspace: the status words, then (with splits > 1) the arrival counters, the partial lse

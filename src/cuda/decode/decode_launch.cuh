@@ -3,17 +3,19 @@
 // holds the three warp layouts (16, 32 or 64 rows per CTA).
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/common.cuh"
 #include "cuda/decode/decode.h"
 #include "cuda/decode/decode_kernel.cuh"
+#include "cuda/sm90/tma.h"
 
 namespace flashattn::cuda {
 namespace decode {
 
 template <int kHeadDim, class Element, int kArch, int kWarpsM>
-using Traits = DecodeTraits<kHeadDim, Element, kWarpsM, decode_kv_slots<kArch>(kHeadDim)>;
+using Traits = DecodeTraits<kHeadDim, Element, kWarpsM, kArch>;
 
 // Calls f(kernel, traits) for the layout that serves `rows_per_cta` rows.
 template <int kHeadDim, class Element, int kArch, class F>
@@ -49,7 +51,29 @@ void run_decode(const DecodeLaunch& L, cudaStream_t stream) {
     if (p.heads_q * p.seqlen_new > int64_t(1) << 30 || p.head_dim * p.seqlen_new > int64_t(1) << 30)
       throw Error(Status::unsupported, "decode: heads_q * seqlen_new = " + std::to_string(p.heads_q * p.seqlen_new) +
                                            " query rows per sequence exceed the GPU kernel's 32-bit row index");
-    kernel<<<unsigned(ctas), T::kThreads, T::kSmemBytes, stream>>>(L);
+    if constexpr (T::kBulk) {
+      DecodeLaunch tl = L;
+      tl.box_rows = p.paged ? int32_t(std::min<int64_t>(16, p.page_size & -p.page_size)) : 16;
+      auto cache = [&](const void* base, int64_t page, int64_t row, int64_t head) {
+        sm90::TmaTensor t;
+        t.base = base;
+        t.head_dim = p.head_dim;
+        t.rows = p.paged ? p.page_size : L.capacity;
+        t.heads = p.heads_kv;
+        t.batch = p.paged ? p.num_pages : p.batch;
+        t.row_stride = row;
+        t.head_stride = head;
+        t.batch_stride = page;
+        return t;
+      };
+      // The rows are 16-byte aligned (checked by the caller), all TMA needs of a strided tensor.
+      if (!sm90::encode_tma_sw128(&tl.k_map, cache(p.k_cache, p.kc_page, p.kc_row, p.kc_head), tl.box_rows) ||
+          !sm90::encode_tma_sw128(&tl.v_map, cache(p.v_cache, p.vc_page, p.vc_row, p.vc_head), tl.box_rows))
+        throw Error(Status::unsupported, "decode: the driver rejected the K/V cache as a TMA tensor");
+      kernel<<<unsigned(ctas), T::kThreads, T::kSmemBytes, stream>>>(tl);
+    } else {
+      kernel<<<unsigned(ctas), T::kThreads, T::kSmemBytes, stream>>>(L);
+    }
     check_launch("flashattn decode kernel");
   });
 }
