@@ -46,13 +46,18 @@ namespace flashattn::cuda::decode {
 //   sm80: 96 KB, within the 99 KB per block of sm86/sm89 (the sm80 build also runs there).
 // cp.async (sm80): the budget holds the ring plus the largest Q tile (64 rows), at most 8 slots
 // (past that cp.async issue, not bytes in flight, limits the rate). TMA (sm90): the ring plus
-// this layout's own Q tile, the ring's mbarriers and 1 KB to align the tiles, as deep as fits:
-// bytes in flight are what a few CTAs per SM need to reach HBM bandwidth.
+// this layout's own Q tile, the ring's mbarriers and 1 KB to align the tiles, each slot budgeted
+// at (d + 63) * 128 bytes, more than its 64 * round64(d) * 2 (d = 128: 4 slots where 6 would fit).
+// That is the measured choice: the deepest ring that fits ran paged caches (pages of 16) 8-9%
+// behind contiguous instead of 2-3%, contiguous within 3% either way (H200,
+// bench/results/h200_decode_deep_ring_2026-11-29.txt against h200_decode_tma_2026-11-29.txt).
+// At least 2 slots (d = 256 with 64 query rows).
 template <int kArch>
 constexpr int decode_kv_slots(int head_dim, int block_m, int warps_n) {
   if (kArch >= 90) {
-    const int half_tile = 64 * (head_dim + 63) / 64 * 64 * 2, q_tile = block_m * head_dim * 2;
-    return (112 * 1024 - 1024 - q_tile) / (half_tile + 2 * 8 * warps_n);
+    const int slot_budget = (head_dim + 63) * 128, q_tile = block_m * head_dim * 2;
+    const int slots = (112 * 1024 - 1024 - q_tile) / (slot_budget + 2 * 8 * warps_n);
+    return slots < 2 ? 2 : slots;
   }
   const int half_tile = 64 * head_dim * 2;
   const int slots = 96 * 1024 / half_tile - 1;  // one half-tile's worth for Q
@@ -161,9 +166,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   using Mma = ptx::Mma<E>;
   using Sw = sm80::Swizzle<T::kChunks>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem =
-      T::kBulk ? reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))
-               : smem_raw;
+  unsigned char* smem = T::kBulk ? ptx::align_shared_1024(smem_raw) : smem_raw;
   E* sQ = reinterpret_cast<E*>(smem);
   E* sKV = sQ + T::kTileQ;
   const core::DecodeParams& p = L.p;

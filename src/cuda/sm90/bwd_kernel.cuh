@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const BwdWorkspace& ws = P.ws;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = align_shared_1024(smem_raw);
+  unsigned char* smem = ptx::align_shared_1024(smem_raw);
   unsigned char* sdS = smem + 2 * T::kKVBytes + 2 * S * T::kQBytes;  // [2]: dS^T, [BN keys][BM queries]
   float* sdQ = reinterpret_cast<float*>(sdS + 2 * T::kDsBytes);       // [NB][BM * D], fragment order
   const BwdRing ring = bwd_ring<T>(smem, sdQ + NB * BM * D);

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const BwdWorkspace& ws = P.ws;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = align_shared_1024(smem_raw);
+  unsigned char* smem = ptx::align_shared_1024(smem_raw);
   unsigned char* sP = smem + 2 * T::kKVBytes + 2 * S * T::kQBytes;  // P^T, [BN keys][BM queries]
   unsigned char* sdS = sP + T::kPBytes;                                // dS^T, same layout
   float* sdP = reinterpret_cast<float*>(sdS + T::kPBytes);             // dP^T, fragment order

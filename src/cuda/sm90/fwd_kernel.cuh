@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   const bool varlen = p.cu_seqlens_q != nullptr;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = align_shared_1024(smem_raw);
+  unsigned char* smem = ptx::align_shared_1024(smem_raw);
   unsigned char* sQ = smem;
   unsigned char* sK = sQ + T::kQStages * T::kQBytes;
   unsigned char* sV = sK + S * T::kKVBytes;

@@ -17,14 +17,6 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The dynamic shared-memory base rounded up to 1024 bytes (where the swizzle pattern starts), by
-// adding an offset to the shared array itself: a round trip through an integer would hide from
-// the compiler that the result points to shared memory, and every access through it would become a
-// generic one (LD.E / ST.E with 64-bit addresses instead of LDS / STS).
-__device__ __forceinline__ unsigned char* align_shared_1024(unsigned char* base) {
-  return base + ((1024u - (ptx::smem_addr(base) & 1023u)) & 1023u);
-}
-
 // Loads a tile of kRows rows (from `row` of head `head`, batch entry `batch`) by TMA into this
 // layout, one 64-column box per column block, all completing on `bar`.
 template <int kRows, int kColBlocks>
