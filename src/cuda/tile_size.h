@@ -63,23 +63,31 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 // FLOPs, so a wider block_n halves that traffic per FLOP (ncu on the H200: block_n 64 at d=128 ran
 // L2-bound at 67% of L2 throughput with 23% issue utilization). Stages = Q/dO tiles in flight.
 // Shared memory: K, V 2 * block_n * d + Q, dO 2 * stages * 64 * d + P, dS 2 * block_n * 64 elements.
+// Warp layouts of the three phases (a warp of 32 rows reads each shared-memory B fragment once for
+// two m16 tiles): key_warps_s along the keys of S^T/dP^T, key_warps_kv along the keys of dK/dV,
+// row_warps_q along the query rows of dQ, the remaining warps of each phase along the other side.
 struct PortableBwdTile {
   int block_n;
   int warps;
   int stages;
+  int key_warps_s;
+  int key_warps_kv;
+  int row_warps_q;
+  int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
 };
 
 template <int kArch>
 constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
   if constexpr (kArch >= 90) {
-    if (head_dim <= 64) return {128, 8, 2};   // dK+dV 64 regs; 32 + 32 + 32 = 96 KB
-    if (head_dim <= 128) return {128, 8, 2};  // dK+dV 128 regs; 64 + 64 + 32 = 160 KB
-    return {64, 8, 2};                        // d=256: 64 + 128 + 16 = 208 KB, dK+dV 128 regs
+    if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1};   // dK+dV 64 regs; 32 + 32 + 32 = 96 KB
+    if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1};  // dK+dV 128 regs; 64 + 64 + 32 = 160 KB
+    return {64, 8, 2, 4, 2, 2, 1};                        // d=256: 64 + 128 + 16 = 208 KB, dK+dV 128 regs
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
-    // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere).
-    if (head_dim <= 96) return {64, 4, 2};
-    return head_dim <= 128 ? PortableBwdTile{64, 4, 1} : PortableBwdTile{64, 8, 1};
+    // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns
+    // 16 keys in phases 1 and 2 and 16 query rows in phase 3 (unmeasured on sm8x).
+    if (head_dim <= 96) return {64, 4, 2, 4, 4, 4, 1};
+    return head_dim <= 128 ? PortableBwdTile{64, 4, 1, 4, 4, 4, 1} : PortableBwdTile{64, 8, 1, 4, 4, 4, 1};
   }
 }
 
