@@ -26,8 +26,8 @@ void time_config(fa::core::BackwardParams p, bool causal) {
   auto tflops = [&](double t) {
     return fa::core::backward_flops(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, p.head_dim, causal) / (t * 1e-3) / 1e12;
   };
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d warps=%d stages=%d layout=%d/%d/%d min_ctas=%d  %7.3f ms %6.1f TFLOP/s"
-              "  deterministic %7.3f ms %6.1f\n",
+  std::printf("d=%d causal=%d s=%5ld  block_n=%3d warps=%d stages=%d layout=%d/%d/%d min_ctas=%d"
+              "  %7.3f ms %6.1f TFLOP/s  deterministic %7.3f ms %6.1f\n",
               SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, W, ST, KS, KKV, RQ, MC, ms[0],
               tflops(ms[0]), ms[1], tflops(ms[1]));
 }

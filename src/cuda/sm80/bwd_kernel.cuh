@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         ptx::thread_cp_async_wait<T::kStages - 2>();
       }
       // After this barrier every warp is past the previous step: its P^T, dS^T and Q/dO stage are
-      // free, and that stage takes step it + kStages - 1. Two barriers per step in all.
+      // free, and that stage takes step it + kStages - 1. With two or more stages, two barriers per step.
       __syncthreads();
       if constexpr (T::kStages > 1) {
         const int64_t next = it + T::kStages - 1;
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       float* dq_rows = dq_slice + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
       const int64_t dq_row_stride = p.heads_q * p.head_dim;
       // Deterministic mode reads this step's dQ tile back in phase 3; its slice was last touched a
-      // whole key tile ago (out of L2), so ask for its lines now, a step's work ahead of the loads.
+      // whole key tile ago (likely evicted from L2), so ask for its lines now, a step's work ahead.
       if constexpr (kDeterministic) {
         constexpr int kLines = T::kHeadDim / 32;  // 128-byte lines per fp32 row
         for (int i = int(threadIdx.x); i < T::kBlockM * kLines; i += T::kThreads) {

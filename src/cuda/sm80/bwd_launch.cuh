@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/backward.h"
 #include "cuda/bwd_layout.h"
@@ -26,8 +27,11 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
                                          std::to_string(T::kSmemBytes / 1024) + " KB of shared memory per block, this GPU offers " +
                                          std::to_string(smem_optin / 1024) + " KB");
 
-  auto kernel = p.softcap > 0.f ? (p.deterministic ? sm80::backward_kernel<T, true, true> : sm80::backward_kernel<T, true, false>)
-                                : (p.deterministic ? sm80::backward_kernel<T, false, true> : sm80::backward_kernel<T, false, false>);
+  auto pick = [&](auto softcap) {
+    constexpr bool kSoftcap = decltype(softcap)::value;
+    return p.deterministic ? sm80::backward_kernel<T, kSoftcap, true> : sm80::backward_kernel<T, kSoftcap, false>;
+  };
+  auto kernel = p.softcap > 0.f ? pick(std::true_type{}) : pick(std::false_type{});
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
   const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
