@@ -61,25 +61,48 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 // stay in registers: per thread 2 * block_n * head_dim / (32 * warps) fp32. Each query step moves
 // the Q/dO tiles and a 64 x head_dim fp32 dQ tile through L2 for 4 * 64 * block_n * head_dim matmul
 // FLOPs, so a wider block_n halves that traffic per FLOP (ncu on the H200: block_n 64 at d=128 ran
-// L2-bound at 67% of L2 throughput with 23% issue utilization). Stages = Q/dO tiles in flight.
-// Shared memory: K, V 2 * block_n * d + Q, dO 2 * stages * 64 * d + P, dS 2 * block_n * 64 elements.
+// L2-bound at 67% of L2 throughput with 23% issue utilization, when dQ went out as scalar atomics).
+// Stages = Q/dO tiles in flight. Shared memory: K, V 2 * block_n * d + Q, dO 2 * stages * 64 * d +
+// P, dS 2 * block_n * 64 elements. Warp layouts of the three phases (a warp of 32 rows reads each
+// shared-memory B fragment once for two m16 tiles): key_warps_s along the keys of S^T/dP^T,
+// key_warps_kv along the keys of dK/dV, row_warps_q along the query rows of dQ, the remaining warps
+// of each phase along the other side.
+// The sm90 entries come from bench/bwd_tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048,
+// 2026-11-29, bench/results/h200_portable_bwd_layouts_2026-11-29.txt, run A: deterministic mode
+// still a runtime flag), whole backward in TFLOP/s at 2k / 8k non-causal, deterministic after '|':
+//   d=64:  128 keys, 4/4/2: 182 / 198 | 161 / 174; the old all-keys layout 8/8/4 164 / 176; 64 keys
+//          on 4 warps at 2 CTAs per SM 184 / 196 | 135 / 152 (kept 4/4/2 for the deterministic
+//          mode); capping 4/4/2 at 128 registers for 2 CTAs per SM spills (178 / 195);
+//   d=128: 4/4/2: 203 / 234 | 168 / 184; 4/4/4 203 / 228; 8/4/2 197 / 224; 8/8/4 183 / 204; 64 keys
+//          on 4 warps at 2 CTAs per SM 205 / 223 | 137 / 144;
+//   d=256: 64 keys, 4/2/2: 173 / 188 | 121 / 127; 2/2/2 176 / 191 | 110 / 114 (kept 4/2/2 for the
+//          deterministic mode); 4/2/4 162 / 176; the old 4/4/4 158 / 171.
 struct PortableBwdTile {
   int block_n;
   int warps;
   int stages;
+  int key_warps_s;
+  int key_warps_kv;
+  int row_warps_q;
+  int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
 };
 
 template <int kArch>
 constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
   if constexpr (kArch >= 90) {
-    if (head_dim <= 64) return {128, 8, 2};   // dK+dV 64 regs; 32 + 32 + 32 = 96 KB
-    if (head_dim <= 128) return {128, 8, 2};  // dK+dV 128 regs; 64 + 64 + 32 = 160 KB
-    return {64, 8, 2};                        // d=256: 64 + 128 + 16 = 208 KB, dK+dV 128 regs
+    // d=32 and d=96 take 4/4/4 (measured within 3% of 4/4/2 at d=128): with 4 warps along the head
+    // dim, dQ would give each warp 8 or 24 columns, not whole ldmatrix.x4 pairs (unmeasured there).
+    if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
+    if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1};   // measured best; dK+dV 64 regs; 32 + 32 + 32 = 96 KB
+    if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
+    if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1};  // measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB
+    return {64, 8, 2, 4, 2, 2, 1};  // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
-    // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere).
-    if (head_dim <= 96) return {64, 4, 2};
-    return head_dim <= 128 ? PortableBwdTile{64, 4, 1} : PortableBwdTile{64, 8, 1};
+    // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns
+    // 16 keys in phases 1 and 2 and 16 query rows in phase 3 (unmeasured on sm8x).
+    if (head_dim <= 96) return {64, 4, 2, 4, 4, 4, 1};
+    return head_dim <= 128 ? PortableBwdTile{64, 4, 1, 4, 4, 4, 1} : PortableBwdTile{64, 8, 1, 4, 4, 4, 1};
   }
 }
 

@@ -75,6 +75,14 @@ __global__ void special_kernel(const float* x, float* e, float* th, float* qmax,
   qsum[lane] = ptx::quad_sum(x[lane]);
 }
 
+// Vector reduction (after an L2 prefetch of the same line): 64 threads add (i, 2i) into one of 4
+// float pairs each; small integers, so the sums are exact in any order.
+__global__ void red_add_kernel(float* pairs) {
+  const int i = int(threadIdx.x);
+  ptx::thread_prefetch_l2(pairs + 2 * (i % 4));  // a hint: must neither fault nor change values
+  ptx::thread_red_add_f32x2(pairs + 2 * (i % 4), float(i), float(2 * i));
+}
+
 // Bulk reduce-add (sm90): each of 4 threads stages a 16-float row in shared memory and adds it to
 // global memory with one copy-engine instruction. Elsewhere the kernel reports it did nothing.
 __global__ void bulk_reduce_kernel(float* gmem, int* ran) {
@@ -353,6 +361,21 @@ TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
   EXPECT_EQ(e[5], 0.f);  // exp2(-inf) = 0: what masked scores rely on
   cudaFree(dx);
   for (auto p : d) cudaFree(p);
+}
+
+TEST_F(Ptx, RedAddF32x2SumsEveryThread) {
+  std::vector<float> base = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f};
+  float* d = to_device(base);
+  red_add_kernel<<<1, 64>>>(d);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  auto got = to_host(d, 8);
+  for (int pair = 0; pair < 4; ++pair) {
+    float sum = 0.f;
+    for (int i = pair; i < 64; i += 4) sum += float(i);
+    EXPECT_EQ(got[2 * pair], base[2 * pair] + sum) << pair;
+    EXPECT_EQ(got[2 * pair + 1], base[2 * pair + 1] + 2.f * sum) << pair;
+  }
+  cudaFree(d);
 }
 
 TEST_F(Ptx, PredicatedNamedBarriersOnHopper) {

@@ -1,7 +1,8 @@
-// Our typed layer over the sm80 PTX the portable kernels need: cp.async, ldmatrix, mma.sync,
-// ex2/tanh approximations and 16-bit packing. Every `asm volatile` of the portable path lives here
-// (tests/gpu/ptx_test.cu checks each wrapper against plain CUDA). Names say who runs them:
-// thread_* is per thread, warp_* must be called by all 32 lanes of a warp together.
+// Our typed layer over the sm80 PTX the portable kernels need: cp.async, ldmatrix, mma.sync, fp32
+// reductions into global memory, ex2/tanh approximations and 16-bit packing. Every `asm volatile`
+// of the portable path lives here (tests/gpu/ptx_test.cu checks each wrapper against plain CUDA).
+// Names say who runs them: thread_* is per thread, warp_* must be called by all 32 lanes of a warp
+// together.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16; lane = 4*g + t):
 //   A (16x16, row-major)  reg r = {a[2r], a[2r+1]}: row g + 8*(r & 1), cols 2t + 8*(r >> 1) + {0, 1}
@@ -99,6 +100,25 @@ struct Mma<__half> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// ---- reductions into global memory ----------------------------------------------------------
+
+// a[0] += x and a[1] += y as relaxed device-scope atomics (no order among threads). On sm90+ one
+// vector reduction (red.global.add.v2.f32, PTX ISA 8.1), half the L2 operations of two scalar
+// ones; elsewhere two atomicAdd. `a` must be 8-byte aligned.
+__device__ __forceinline__ void thread_red_add_f32x2(float* a, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(a), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(a, x);
+  atomicAdd(a + 1, y);
+#endif
+}
+
+// Asks L2 to fetch the 128-byte line holding `a` (no registers, no effect on values; a hint).
+__device__ __forceinline__ void thread_prefetch_l2(const void* a) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
+}
 
 // ---- special functions -------------------------------------------------------------------------
 

@@ -10,19 +10,20 @@
 //      lse2), dP^T = V dO^T, dS^T = P^T o (dP^T - D) (times the softcap derivative and the scale),
 //      dV += P^T dO, dK += dS^T Q, and dQ += dS K into an fp32 accumulator in global memory;
 //   3. convert: dq = dq_accum in the input dtype.
-// dQ accumulation: on sm90 the warps stage their dQ tile in shared memory and one bulk reduce-add
-// per row (the copy engine) replaces 64 x head_dim scalar atomics, which bound the kernel on L2
-// throughput; elsewhere red.global.add per element. Either way the order of additions varies
-// between runs. In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking
-// key tiles split, split + splits, ... and adding its dQ into its own fp32 slice, which no other
-// CTA touches: within one key tile each slice element gets one addition, and the CTA waits for its
-// bulk adds to complete (or, without the copy engine, uses plain loads and stores) before the next
-// key tile, so the order is fixed; the convert kernel sums the slices in index order.
+// dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
+// vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs.
+// In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking key tiles
+// split, split + splits, ... and adding its dQ into its own fp32 slice, which no other CTA touches,
+// with plain loads and stores: a slice element always belongs to the same thread, which adds the
+// key tiles in order; the convert kernel sums the slices in index order.
 //
-// Warp layouts: phases 1 (S^T, dP^T) and 2 (dV, dK) put kBlockN/16 warps along the keys and the
-// rest (kWarpsX12) along the queries (phase 1) or the head dim (phase 2); phase 3 (dQ) puts 4 warps
-// along the 64 query rows and the rest (kWarpsX3) along the head dim. P^T and dS^T pass between
-// phases through shared memory as 16-bit values, as FlashAttention-2 does.
+// Warp layouts (tile_size.h picks them): phase 1 (S^T, dP^T) puts kKeyWarpsS warps along the keys
+// and the rest along the queries, phase 2 (dV, dK) kKeyWarpsKV along the keys and the rest along
+// the head dim, phase 3 (dQ) kRowWarpsQ along the 64 query rows and the rest along the head dim. A
+// warp owning 32 rows (two m16 tiles) reuses each B fragment it reads from shared memory twice,
+// which is what bounds this kernel (ncu on the H200, d=128: shared memory 66% busy, tensor pipe
+// 31%). P^T and dS^T pass between phases through shared memory as 16-bit values, as
+// FlashAttention-2 does.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,37 +36,40 @@
 #include "core/softmax_state.h"
 #include "cuda/bwd_common.cuh"
 #include "cuda/ptx/sm80.cuh"
-#include "cuda/ptx/sm90.cuh"
 #include "cuda/sm80/smem_tile.cuh"
 
 namespace flashattn::cuda::sm80 {
 
-template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_>
+template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
+          int kRowWarpsQ_, int kMinCtas_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;  // keys per CTA
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;  // Q/dO tiles in flight
+  static constexpr int kMinCtas = kMinCtas_;  // CTAs per SM the registers are capped for
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 64;  // query rows per step
-  static constexpr int kWarpsN = kBlockN / 16;
-  static constexpr int kWarpsX12 = kWarps / kWarpsN;
-  static constexpr int kWarpsX3 = kWarps / 4;
-  static constexpr int kColsS = kBlockM / kWarpsX12;   // query columns of S^T per warp
-  static constexpr int kColsD12 = kHeadDim / kWarpsX12;  // head-dim columns of dK, dV per warp
-  static constexpr int kColsD3 = kHeadDim / kWarpsX3;    // head-dim columns of dQ per warp
+  static constexpr int kKeyWarpsS = kKeyWarpsS_, kKeyWarpsKV = kKeyWarpsKV_, kRowWarpsQ = kRowWarpsQ_;
+  static constexpr int kRowsS = kBlockN / kKeyWarpsS;                 // keys of S^T per warp
+  static constexpr int kColsS = kBlockM / (kWarps / kKeyWarpsS);      // queries of S^T per warp
+  static constexpr int kRowsKV = kBlockN / kKeyWarpsKV;               // keys of dK, dV per warp
+  static constexpr int kColsKV = kHeadDim / (kWarps / kKeyWarpsKV);   // head-dim columns of dK, dV
+  static constexpr int kRowsQ = kBlockM / kRowWarpsQ;                 // query rows of dQ per warp
+  static constexpr int kColsQ = kHeadDim / (kWarps / kRowWarpsQ);     // head-dim columns of dQ
+  static constexpr int kTilesS = kRowsS / 16, kTilesKV = kRowsKV / 16, kTilesQ = kRowsQ / 16;  // m16 tiles
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kChunksP = kBlockM / 8;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
-  // Each stage holds Q then dO: 2 * kTileQ 16-bit values = one fp32 [kBlockM][kHeadDim] tile, which
-  // phase 3 reuses to stage dQ for the bulk reduce once phase 2 is done with Q and dO.
   static constexpr int kSmemBytes =
       (2 * kTileKV + 2 * kStages * kTileQ + 2 * kTileP) * int(sizeof(Element)) + 2 * kStages * kBlockM * 4;
-  static_assert(kWarps % kWarpsN == 0 && kWarps % 4 == 0, "warp layouts must tile the CTA");
-  static_assert(kColsD12 % 16 == 0 && kColsD3 % 16 == 0 && kColsS % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
+  static_assert(kWarps % kKeyWarpsS == 0 && kWarps % kKeyWarpsKV == 0 && kWarps % kRowWarpsQ == 0,
+                "warp layouts must tile the CTA");
+  static_assert(kRowsS % 16 == 0 && kRowsKV % 16 == 0 && kRowsQ % 16 == 0, "warps own whole m16 tiles");
+  static_assert(kColsS % 16 == 0 && kColsKV % 16 == 0 && kColsQ % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
 };
 
 // ---- 3. convert ---------------------------------------------------------------------------------
@@ -95,9 +99,11 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
 
 // ---- 2. main ------------------------------------------------------------------------------------
 
-template <class T, bool kSoftcap>
-__global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_constant__ core::BackwardParams p,
-                                                               BwdWorkspace ws) {
+// kDeterministic is a template parameter, not a runtime flag: with a runtime flag the slice loads of
+// phase 3 cost the default kernel registers (d=128 spilled 88 bytes instead of 32).
+template <class T, bool kSoftcap, bool kDeterministic>
+__global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
+    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws) {
   using E = typename T::Element;
   using Mma = ptx::Mma<E>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -110,8 +116,9 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
   float* sDelta = sLse + T::kStages * T::kBlockM;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, mi = lane >> 3;
-  const int warp_n = warp % T::kWarpsN, warp_x = warp / T::kWarpsN;  // phases 1 and 2
-  const int warp_m = warp % 4, warp_d = warp / 4;                    // phase 3
+  const int warp_ks = warp % T::kKeyWarpsS, warp_qs = warp / T::kKeyWarpsS;      // phase 1
+  const int warp_kkv = warp % T::kKeyWarpsKV, warp_dkv = warp / T::kKeyWarpsKV;  // phase 2
+  const int warp_mq = warp % T::kRowWarpsQ, warp_dq = warp / T::kRowWarpsQ;      // phase 3
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = int(p.heads_q / p.heads_kv);
 
@@ -127,24 +134,18 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
   const core::MaskSpec mask{sq, sk, p.window_left, p.window_right};
   const float c = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
-  const bool deterministic = ws.splits > 1 || p.deterministic;
-  float* dq_slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.total_q * p.heads_q * p.head_dim : 0);
+  float* dq_slice = ws.dq_accum + (kDeterministic ? int64_t(blockIdx.x) * p.total_q * p.heads_q * p.head_dim : 0);
 
   // Lane address plans (smem_tile.cuh): A fragments of K, V (phase 1) and of P^T, dS^T (phase 2),
-  // the rows of this warp; B fragments of Q, dO (phase 1, non-transposed); transposed B fragments
-  // of dO, Q (phase 2) and K (phase 3); transposed A fragments of dS^T (phase 3).
-  const LaneRows<T::kChunks> kv_a(16 * warp_n + (lane & 15), lane >> 4);
-  const LaneRows<T::kChunksP> p_a(16 * warp_n + (lane & 15), lane >> 4);
-  const LaneRows<T::kChunks> qdo_b(T::kColsS * warp_x + 8 * (mi >> 1) + (lane & 7), mi & 1);
+  // this warp's first key row; B fragments of Q, dO (phase 1, non-transposed); transposed B
+  // fragments of dO, Q (phase 2) and K (phase 3); transposed A fragments of dS^T (phase 3).
+  const LaneRows<T::kChunks> kv_a(T::kRowsS * warp_ks + (lane & 15), lane >> 4);
+  const LaneRows<T::kChunksP> p_a(T::kRowsKV * warp_kkv + (lane & 15), lane >> 4);
+  const LaneRows<T::kChunks> qdo_b(T::kColsS * warp_qs + 8 * (mi >> 1) + (lane & 7), mi & 1);
   const LaneRows<T::kChunks> trans_b(8 * (mi & 1) + (lane & 7), mi >> 1);
   const LaneRows<T::kChunksP> ds_a_trans(8 * (mi >> 1) + (lane & 7), mi & 1);
-  const int d_chunk12 = T::kColsD12 / 8 * warp_x;  // first head-dim chunk of this warp (even)
-  const int d_chunk3 = T::kColsD3 / 8 * warp_d;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool bulk_dq = true;
-#else
-  const bool bulk_dq = false;
-#endif
+  const int d_chunk_kv = T::kColsKV / 8 * warp_dkv;  // first head-dim chunk of this warp (even)
+  const int d_chunk_q = T::kColsQ / 8 * warp_dq;
 
   const int64_t n_blocks = (sk + T::kBlockN - 1) / T::kBlockN;
   for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
@@ -154,11 +155,13 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
     const int64_t m_begin = q_tiles.m_begin, m_end = q_tiles.m_end;
     const int64_t steps = (m_end - m_begin) * group;  // (query head, query tile) pairs
 
-    float acc_dk[T::kColsD12 / 8][4], acc_dv[T::kColsD12 / 8][4];
+    float acc_dk[T::kTilesKV][T::kColsKV / 8][4], acc_dv[T::kTilesKV][T::kColsKV / 8][4];
 #pragma unroll
-    for (int j = 0; j < T::kColsD12 / 8; ++j)
+    for (int i = 0; i < T::kTilesKV; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc_dk[j][i] = acc_dv[j][i] = 0.f;
+      for (int j = 0; j < T::kColsKV / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[i][j][e] = acc_dv[i][j][e] = 0.f;
 
     const E* kg = static_cast<const E*>(p.k) + p.k_s.offset(b, k0 + key0, hk);
     const E* vg = static_cast<const E*>(p.v) + p.v_s.offset(b, k0 + key0, hk);
@@ -182,165 +185,199 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
         ptx::thread_cp_async_4(sDelta + stage * T::kBlockM + threadIdx.x, valid ? ws.delta + w : ws.delta, valid);
       }
     };
-    // K/V join the first group; every stage commits a group (empty past the end) so that
-    // "kStages - 1 groups pending" always means "step `it` has landed".
+    // Steps 0 .. kStages-2 ahead (K/V join the first group); each step then commits one group
+    // (empty past the end) for step it + kStages - 1, so "kStages - 2 groups pending" at the top of
+    // step `it` means "step `it` has landed".
 #pragma unroll
-    for (int s = 0; s < T::kStages; ++s) {
+    for (int s = 0; s < T::kStages - 1; ++s) {
       if (s < steps) load_step(s, s);
       ptx::thread_cp_async_commit();
     }
 
     auto step_fn = [&](int64_t it, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
-      ptx::thread_cp_async_wait<T::kStages - 1>();
-      __syncthreads();
       const int stage = int(it % T::kStages);
+      if constexpr (T::kStages == 1) {
+        __syncthreads();  // the one stage is free once every warp is done with the previous step
+        load_step(it, 0);
+        ptx::thread_cp_async_commit();
+        ptx::thread_cp_async_wait<0>();
+      } else {
+        ptx::thread_cp_async_wait<T::kStages - 2>();
+      }
+      // After this barrier every warp is past the previous step: its P^T, dS^T and Q/dO stage are
+      // free, and that stage takes step it + kStages - 1. With two or more stages, two barriers per step.
+      __syncthreads();
+      if constexpr (T::kStages > 1) {
+        const int64_t next = it + T::kStages - 1;
+        if (next < steps) load_step(next, int(next % T::kStages));
+        ptx::thread_cp_async_commit();
+      }
       const int h = hk * group + int(it / (m_end - m_begin));
       const int64_t m0 = (m_begin + it % (m_end - m_begin)) * T::kBlockM;
       E* sQs = sStage + 2 * stage * T::kTileQ;
       const E* sdOs = sQs + T::kTileQ;
       const float* lse2 = sLse + stage * T::kBlockM;
       const float* delta = sDelta + stage * T::kBlockM;
+      const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
+      float* dq_rows = dq_slice + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
+      const int64_t dq_row_stride = p.heads_q * p.head_dim;
+      // Deterministic mode reads this step's dQ tile back in phase 3; its slice was last touched a
+      // whole key tile ago (likely evicted from L2), so ask for its lines now, a step's work ahead.
+      if constexpr (kDeterministic) {
+        constexpr int kLines = T::kHeadDim / 32;  // 128-byte lines per fp32 row
+        for (int i = int(threadIdx.x); i < T::kBlockM * kLines; i += T::kThreads) {
+          const int row = i / kLines, col = i % kLines * 32;
+          if (row < rows && col < p.head_dim) ptx::thread_prefetch_l2(dq_rows + row * dq_row_stride + col);
+        }
+      }
 
-      // Phase 1: S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kColsS queries.
-      float acc_s[T::kColsS / 8][4], acc_dp[T::kColsS / 8][4];
+      // Phase 1: S^T = K Q^T and dP^T = V dO^T for this warp's kRowsS keys x kColsS queries; the
+      // K and V fragments of a k-step serve all of the warp's query columns.
+      float acc_s[T::kTilesS][T::kColsS / 8][4], acc_dp[T::kTilesS][T::kColsS / 8][4];
 #pragma unroll
-      for (int j = 0; j < T::kColsS / 8; ++j)
+      for (int i = 0; i < T::kTilesS; ++i)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc_s[j][i] = acc_dp[j][i] = 0.f;
+        for (int j = 0; j < T::kColsS / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[i][j][e] = acc_dp[i][j][e] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < T::kHeadDim / 16; ++ks) {
-        uint32_t a_k[4], a_v[4];
-        ptx::warp_ldmatrix_x4(a_k, sK + kv_a.at(0, 2 * ks));
-        ptx::warp_ldmatrix_x4(a_v, sV + kv_a.at(0, 2 * ks));
+        uint32_t a_k[T::kTilesS][4], a_v[T::kTilesS][4];
+#pragma unroll
+        for (int i = 0; i < T::kTilesS; ++i) {
+          ptx::warp_ldmatrix_x4(a_k[i], sK + kv_a.at(16 * i, 2 * ks));
+          ptx::warp_ldmatrix_x4(a_v[i], sV + kv_a.at(16 * i, 2 * ks));
+        }
 #pragma unroll
         for (int jn = 0; jn < T::kColsS / 8; jn += 2) {
           uint32_t bq[4], bdo[4];
           ptx::warp_ldmatrix_x4(bq, sQs + qdo_b.at(8 * jn, 2 * ks));
           ptx::warp_ldmatrix_x4(bdo, sdOs + qdo_b.at(8 * jn, 2 * ks));
-          Mma::warp_m16n8k16(acc_s[jn], a_k, bq[0], bq[1]);
-          Mma::warp_m16n8k16(acc_s[jn + 1], a_k, bq[2], bq[3]);
-          Mma::warp_m16n8k16(acc_dp[jn], a_v, bdo[0], bdo[1]);
-          Mma::warp_m16n8k16(acc_dp[jn + 1], a_v, bdo[2], bdo[3]);
+#pragma unroll
+          for (int i = 0; i < T::kTilesS; ++i) {
+            Mma::warp_m16n8k16(acc_s[i][jn], a_k[i], bq[0], bq[1]);
+            Mma::warp_m16n8k16(acc_s[i][jn + 1], a_k[i], bq[2], bq[3]);
+            Mma::warp_m16n8k16(acc_dp[i][jn], a_v[i], bdo[0], bdo[1]);
+            Mma::warp_m16n8k16(acc_dp[i][jn + 1], a_v[i], bdo[2], bdo[3]);
+          }
         }
       }
 
       // P^T and dS^T per element (key row r, query column q), stored to shared memory as 16 bits.
 #pragma unroll
       for (int j = 0; j < T::kColsS / 8; ++j) {
-        const int col = T::kColsS * warp_x + 8 * j + 2 * t;
+        const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
         const float2 dl = *reinterpret_cast<const float2*>(delta + col);
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int row = 16 * warp_n + g + 8 * rr;
-          float pv[2], dsv[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float u = acc_s[j][2 * rr + e];
-            if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
-            float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
-            if constexpr (kMasked) {
-              int64_t qrow = m0 + col + e, key = key0 + row;
-              if (qrow >= sq || !mask.visible(qrow, key)) pe = 0.f;
-            }
-            float ds = pe * (acc_dp[j][2 * rr + e] - (e ? dl.y : dl.x)) * p.scale;
-            if constexpr (kSoftcap) ds *= 1.f - u * u;
-            pv[e] = pe;
-            dsv[e] = ds;
-          }
-          const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
-          *reinterpret_cast<uint32_t*>(sP + off) = ptx::thread_pack2<E>(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t*>(sdS + off) = ptx::thread_pack2<E>(dsv[0], dsv[1]);
-        }
-      }
-      __syncthreads();
-
-      // Phase 2: dV += P^T dO and dK += dS^T Q for this warp's 16 keys x kColsD12 columns.
-#pragma unroll
-      for (int kk = 0; kk < T::kBlockM / 16; ++kk) {
-        uint32_t a_p[4], a_ds[4];
-        ptx::warp_ldmatrix_x4(a_p, sP + p_a.at(0, 2 * kk));
-        ptx::warp_ldmatrix_x4(a_ds, sdS + p_a.at(0, 2 * kk));
-#pragma unroll
-        for (int jd = 0; jd < T::kColsD12 / 8; jd += 2) {
-          uint32_t bdo[4], bq[4];
-          ptx::warp_ldmatrix_x4_trans(bdo, sdOs + trans_b.at(16 * kk, d_chunk12 + jd));
-          ptx::warp_ldmatrix_x4_trans(bq, sQs + trans_b.at(16 * kk, d_chunk12 + jd));
-          Mma::warp_m16n8k16(acc_dv[jd], a_p, bdo[0], bdo[1]);
-          Mma::warp_m16n8k16(acc_dv[jd + 1], a_p, bdo[2], bdo[3]);
-          Mma::warp_m16n8k16(acc_dk[jd], a_ds, bq[0], bq[1]);
-          Mma::warp_m16n8k16(acc_dk[jd + 1], a_ds, bq[2], bq[3]);
-        }
-      }
-
-      // Phase 3: dQ += dS K for this warp's 16 query rows x kColsD3 columns, into fp32 global memory.
-      {
-        float acc_dq[T::kColsD3 / 8][4];
-#pragma unroll
-        for (int j = 0; j < T::kColsD3 / 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc_dq[j][i] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
-          uint32_t a_ds[4];
-          ptx::warp_ldmatrix_x4_trans(a_ds, sdS + ds_a_trans.at(16 * kk, 2 * warp_m));
-#pragma unroll
-          for (int jd = 0; jd < T::kColsD3 / 8; jd += 2) {
-            uint32_t bk[4];
-            ptx::warp_ldmatrix_x4_trans(bk, sK + trans_b.at(16 * kk, d_chunk3 + jd));
-            Mma::warp_m16n8k16(acc_dq[jd], a_ds, bk[0], bk[1]);
-            Mma::warp_m16n8k16(acc_dq[jd + 1], a_ds, bk[2], bk[3]);
-          }
-        }
-        const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-        if (bulk_dq) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          // Stage the CTA's dQ tile as fp32 [kBlockM][kHeadDim] in this step's Q|dO buffer (free once
-          // every warp has finished phase 2), then one bulk reduce-add per valid row.
-          float* sdQ = reinterpret_cast<float*>(sQs);
-          __syncthreads();
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-            for (int j = 0; j < T::kColsD3 / 8; ++j)
-              *reinterpret_cast<float2*>(sdQ + (16 * warp_m + g + 8 * rr) * T::kHeadDim + 8 * (d_chunk3 + j) + 2 * t) =
-                  make_float2(acc_dq[j][2 * rr], acc_dq[j][2 * rr + 1]);
-          ptx::thread_fence_proxy_async_smem();
-          __syncthreads();
-          if (int(threadIdx.x) < rows) {
-            float* dst = dq_slice + ((wrow0 + m0 + threadIdx.x) * p.heads_q + h) * p.head_dim;
-            ptx::thread_bulk_reduce_add_f32(dst, sdQ + threadIdx.x * T::kHeadDim, uint32_t(p.head_dim * 4));
-            ptx::thread_bulk_commit();
-            ptx::thread_bulk_wait_read_all();
-          }
-#endif
-        } else {
+        for (int i = 0; i < T::kTilesS; ++i)
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
-            const int row = 16 * warp_m + g + 8 * rr;
-            if (row >= rows) continue;
-            float* dst = dq_slice + ((wrow0 + m0 + row) * p.heads_q + h) * p.head_dim;
+            const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
+            float pv[2], dsv[2];
 #pragma unroll
-            for (int j = 0; j < T::kColsD3 / 8; ++j) {
-              const int col = 8 * (d_chunk3 + j) + 2 * t;
-              if (col >= p.head_dim) continue;
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                if (deterministic)
-                  dst[col + e] += acc_dq[j][2 * rr + e];
-                else
-                  atomicAdd(dst + col + e, acc_dq[j][2 * rr + e]);
+            for (int e = 0; e < 2; ++e) {
+              float u = acc_s[i][j][2 * rr + e];
+              if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
+              float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
+              if constexpr (kMasked) {
+                int64_t qrow = m0 + col + e, key = key0 + row;
+                if (qrow >= sq || !mask.visible(qrow, key)) pe = 0.f;
               }
+              float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x)) * p.scale;
+              if constexpr (kSoftcap) ds *= 1.f - u * u;
+              pv[e] = pe;
+              dsv[e] = ds;
             }
+            const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
+            *reinterpret_cast<uint32_t*>(sP + off) = ptx::thread_pack2<E>(pv[0], pv[1]);
+            *reinterpret_cast<uint32_t*>(sdS + off) = ptx::thread_pack2<E>(dsv[0], dsv[1]);
+          }
+      }
+      __syncthreads();
+
+      // Phase 2: dV += P^T dO and dK += dS^T Q for this warp's kRowsKV keys x kColsKV columns.
+#pragma unroll
+      for (int kk = 0; kk < T::kBlockM / 16; ++kk) {
+        uint32_t a_p[T::kTilesKV][4], a_ds[T::kTilesKV][4];
+#pragma unroll
+        for (int i = 0; i < T::kTilesKV; ++i) {
+          ptx::warp_ldmatrix_x4(a_p[i], sP + p_a.at(16 * i, 2 * kk));
+          ptx::warp_ldmatrix_x4(a_ds[i], sdS + p_a.at(16 * i, 2 * kk));
+        }
+#pragma unroll
+        for (int jd = 0; jd < T::kColsKV / 8; jd += 2) {
+          uint32_t bdo[4], bq[4];
+          ptx::warp_ldmatrix_x4_trans(bdo, sdOs + trans_b.at(16 * kk, d_chunk_kv + jd));
+          ptx::warp_ldmatrix_x4_trans(bq, sQs + trans_b.at(16 * kk, d_chunk_kv + jd));
+#pragma unroll
+          for (int i = 0; i < T::kTilesKV; ++i) {
+            Mma::warp_m16n8k16(acc_dv[i][jd], a_p[i], bdo[0], bdo[1]);
+            Mma::warp_m16n8k16(acc_dv[i][jd + 1], a_p[i], bdo[2], bdo[3]);
+            Mma::warp_m16n8k16(acc_dk[i][jd], a_ds[i], bq[0], bq[1]);
+            Mma::warp_m16n8k16(acc_dk[i][jd + 1], a_ds[i], bq[2], bq[3]);
           }
         }
       }
 
-      // All warps are done with P^T, dS^T and this Q/dO stage before they are overwritten.
-      __syncthreads();
-      if (it + T::kStages < steps) load_step(it + T::kStages, stage);
-      ptx::thread_cp_async_commit();
+      // Phase 3: dQ += dS K for this warp's kRowsQ query rows x kColsQ columns, added to fp32
+      // global memory straight from the accumulators: no staging, so no barrier. Default mode
+      // reduces with relaxed atomics; deterministic mode owns its slice, so the accumulators start
+      // from the slice's values and are stored back (each element always by the same thread, in
+      // key-tile order).
+      {
+        float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
+#pragma unroll
+        for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int row = T::kRowsQ * warp_mq + 16 * i + g + 8 * rr;
+#pragma unroll
+            for (int j = 0; j < T::kColsQ / 8; ++j) {
+              const int col = 8 * (d_chunk_q + j) + 2 * t;
+              float2 v = make_float2(0.f, 0.f);
+              if (kDeterministic && row < rows && col < p.head_dim)
+                v = *reinterpret_cast<const float2*>(dq_rows + row * dq_row_stride + col);
+              acc_dq[i][j][2 * rr] = v.x;
+              acc_dq[i][j][2 * rr + 1] = v.y;
+            }
+          }
+#pragma unroll
+        for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+          uint32_t a_ds[T::kTilesQ][4];
+#pragma unroll
+          for (int i = 0; i < T::kTilesQ; ++i)
+            ptx::warp_ldmatrix_x4_trans(a_ds[i], sdS + ds_a_trans.at(16 * kk, 2 * (T::kTilesQ * warp_mq + i)));
+#pragma unroll
+          for (int jd = 0; jd < T::kColsQ / 8; jd += 2) {
+            uint32_t bk[4];
+            ptx::warp_ldmatrix_x4_trans(bk, sK + trans_b.at(16 * kk, d_chunk_q + jd));
+#pragma unroll
+            for (int i = 0; i < T::kTilesQ; ++i) {
+              Mma::warp_m16n8k16(acc_dq[i][jd], a_ds[i], bk[0], bk[1]);
+              Mma::warp_m16n8k16(acc_dq[i][jd + 1], a_ds[i], bk[2], bk[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int row = T::kRowsQ * warp_mq + 16 * i + g + 8 * rr;
+            if (row >= rows) continue;
+#pragma unroll
+            for (int j = 0; j < T::kColsQ / 8; ++j) {
+              const int col = 8 * (d_chunk_q + j) + 2 * t;
+              if (col >= p.head_dim) continue;
+              float* dst = dq_rows + row * dq_row_stride + col;
+              if constexpr (kDeterministic)
+                *reinterpret_cast<float2*>(dst) = make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+              else
+                ptx::thread_red_add_f32x2(dst, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+            }
+          }
+      }
     };
 
     for (int64_t it = 0; it < steps; ++it) {
@@ -352,29 +389,30 @@ __global__ void __launch_bounds__(T::kThreads) backward_kernel(const __grid_cons
       else
         step_fn(it, std::false_type{});
     }
-    // Drain the (empty) trailing groups before the next key tile reuses K/V memory; in
-    // deterministic mode also let this tile's dQ additions land before the next tile's.
+    // Drain the (empty) trailing groups, and let every warp finish the last step before the next
+    // key tile reuses K/V and the stages.
     ptx::thread_cp_async_wait<0>();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (deterministic) ptx::thread_bulk_wait_all();
-#endif
     __syncthreads();
 
     // dK, dV of this key tile, written once (all query heads of the group are in).
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int row = 16 * warp_n + g + 8 * rr;
-      if (row >= keys_valid) continue;
-      E* dk = static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk);
-      E* dv = static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk);
+    for (int i = 0; i < T::kTilesKV; ++i)
 #pragma unroll
-      for (int j = 0; j < T::kColsD12 / 8; ++j) {
-        const int col = 8 * (d_chunk12 + j) + 2 * t;
-        if (col >= p.head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk + col) = ptx::thread_pack2<E>(acc_dk[j][2 * rr], acc_dk[j][2 * rr + 1]);
-        *reinterpret_cast<uint32_t*>(dv + col) = ptx::thread_pack2<E>(acc_dv[j][2 * rr], acc_dv[j][2 * rr + 1]);
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = T::kRowsKV * warp_kkv + 16 * i + g + 8 * rr;
+        if (row >= keys_valid) continue;
+        E* dk = static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk);
+        E* dv = static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk);
+#pragma unroll
+        for (int j = 0; j < T::kColsKV / 8; ++j) {
+          const int col = 8 * (d_chunk_kv + j) + 2 * t;
+          if (col >= p.head_dim) continue;
+          *reinterpret_cast<uint32_t*>(dk + col) =
+              ptx::thread_pack2<E>(acc_dk[i][j][2 * rr], acc_dk[i][j][2 * rr + 1]);
+          *reinterpret_cast<uint32_t*>(dv + col) =
+              ptx::thread_pack2<E>(acc_dv[i][j][2 * rr], acc_dv[i][j][2 * rr + 1]);
+        }
       }
-    }
   }
 }
 
