@@ -175,14 +175,15 @@ namespace flashattn::cuda {
 //   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32
 //          (d=96 runs in these tiles, src/cuda/sm90/bwd_launch.cuh). block_m 128 would need
 //          128 + 64 + 64 accumulator registers, more than the 240 a consumer has.
-// Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-11-29,
-// bench/results/h200_hopper_bwd_2026-11-29.txt), TFLOP/s at 2k / 8k / 16k: d=64 336 / 409 / 423
-// (causal 237 / 366 / 411), d=128 403 / 479 / 499 (causal 293 / 425 / 480), 0.82-0.96 of cuDNN.
 //   d=256: src/cuda/sm90/bwd_wide_kernel.cuh, 64 keys and 64 query rows per step: dK + dV of 64 keys
 //          would be 256 registers per thread of one warpgroup, so the warpgroups split the head dim
 //          (128 columns each: 64 + 64 accumulator registers) and share S^T, dP^T through shared
 //          memory. K, V 2 * 32 + Q, dO 2 * 2 * 32 + P^T, dS^T 2 * 8 + dP^T (fp32) 16 = 224 KB; a dQ
 //          staging buffer (64 KB) does not fit, so dQ is added from registers (red.v4); dq_buffers 0.
+// Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-11-29,
+// bench/results/h200_session4_final_2026-11-29.txt), TFLOP/s at 2k / 8k / 16k: d=64 329 / 402 / 417
+// (causal 233 / 356 / 399), d=128 408 / 484 / 494 (causal 299 / 423 / 479), d=256 288 / 332 / 340
+// (causal 234 / 320 / 338), 0.81-0.96 of cuDNN.
 // With block_m 64, S^T, dP^T and dQ are N=64 wgmmas reading both operands from shared memory
 // (4 KB per 64x64x16 step); by our estimate (not measured) two warpgroups at the tensor cores'
 // peak would read about 128 bytes per clock, what shared memory delivers, so those three products
