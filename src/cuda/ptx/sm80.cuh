@@ -17,12 +17,18 @@
 
 namespace flashattn::cuda::ptx {
 
+// The 32-bit shared-memory address of a generic pointer into shared memory (what shared-space PTX
+// operands take).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // The dynamic shared-memory base rounded up to 1024 bytes (where the 128-byte swizzle pattern of
 // TMA and wgmma starts), by adding an offset to the shared array itself: a round trip through an
 // integer would hide from the compiler that the result points to shared memory, and every access
 // through it would become a generic one (LD.E / ST.E with 64-bit addresses instead of LDS / STS).
 __device__ __forceinline__ unsigned char* align_shared_1024(unsigned char* base) {
-  return base + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(base)) & 1023u)) & 1023u);
+  return base + ((1024u - (smem_addr(base) & 1023u)) & 1023u);
 }
 
 // ---- cp.async: global -> shared, 16 bytes, bypassing L1 --------------------------------------

@@ -8,13 +8,11 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/sm80.cuh"  // smem_addr, align_shared_1024
+
 namespace flashattn::cuda::ptx {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Shared-memory writes made by ordinary stores become visible to the async proxy (bulk copies,
 // TMA, wgmma) only after this fence (then a barrier orders the other threads).
