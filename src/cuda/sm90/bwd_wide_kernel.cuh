@@ -154,9 +154,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   struct Step {
     int stage;
     uint32_t phase;
-    int m, n, key0, tile;  // query tile, key tile, first key, workspace tile (int32: fewer registers)
-    unsigned char *q, *dout;   // the stage's Q and dO tiles
-    uint64_t q_mn, do_mn;      // this warpgroup's columns of them, MN-major
+    // Query tile, key tile, first key, workspace tile: int32, as sequence lengths are, and a tile
+    // index past that would address a workspace too large to allocate.
+    int m, n, key0, tile;
+    unsigned char *q, *dout;  // the stage's Q and dO tiles
+    uint64_t q_mn, do_mn;     // this warpgroup's columns of them, MN-major
   };
 
   auto score_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
