@@ -229,6 +229,65 @@ __device__ __forceinline__ uint64_t visible_set(const core::MaskSpec& mask, int6
   return vis;
 }
 
+// acc = A B^T over the head dim on wgmma, one commit group: A a consumer warpgroup's 64 rows of
+// the K or V tile (T::kBlockN rows), B a Q or dO stage (T::kBlockM rows), both K-major: k16 steps
+// walk 32 bytes inside a 128-byte row, then the next column block.
+template <class T>
+__device__ __forceinline__ void warpgroup_product_over_d(float (&acc)[T::kBlockM / 2], uint64_t a_desc,
+                                                         uint64_t b_desc) {
+  constexpr int BM = T::kBlockM, BN = T::kBlockN;
+#pragma unroll
+  for (int k = 0; k < T::kHeadDim / 16; ++k) {
+    const int cb = k / 4, kk = k % 4;
+    ptx::Wgmma<typename T::Element, BM>::template ss<0>(acc, a_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
+                                                        b_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4),
+                                                        k > 0 ? 1 : 0);
+  }
+  ptx::warpgroup_commit();
+}
+
+// dQ = dS K for `N` columns, one commit group: A = dS^T read transposed from shared memory (M =
+// queries, K = the tile's keys), B = K MN-major; both step 16 key rows (2048 bytes) per k16.
+template <class T, int N>
+__device__ __forceinline__ void warpgroup_issue_dq(float (&dq)[N / 2], uint64_t ds_desc, uint64_t kmn_desc) {
+  ptx::thread_pin(dq);
+  ptx::warpgroup_fence();
+#pragma unroll
+  for (int k = 0; k < T::kBlockN / 16; ++k)
+    ptx::Wgmma<typename T::Element, N>::template ss<1, 1>(dq, ds_desc + uint64_t((k * 2048) >> 4),
+                                                          kmn_desc + uint64_t((k * 2048) >> 4), k > 0 ? 1 : 0);
+  ptx::warpgroup_commit();
+}
+
+// Every consumer thread releases a Q/dO stage after its own reads of it (lse2 and delta too) and
+// once the products on it are done: an mbarrier arrive releases the arriving thread's own accesses
+// only, and the proxy fence orders those generic reads before the copy engine's next writes.
+__device__ __forceinline__ void thread_release_stage(const BwdRing& r, int stage) {
+  ptx::thread_fence_proxy_async_smem();
+  ptx::thread_mbarrier_arrive(&r.qdo_empty[stage]);
+}
+
+// dK (times the softmax scale) and dV of one key tile, written once from a thread's accumulators:
+// rows key_a and key_a + 8 of the tile's keys, columns col0 + 8 (i >> 2) + 2t (+1); rows past the
+// sequence's keys and columns past the head dim are not written. Keys no query sees get zeros.
+template <class E, int N>
+__device__ __forceinline__ void thread_store_dk_dv(const core::BackwardParams& p, const BwdCta& cta, int64_t key0,
+                                                   int block_n, int key_a, int col0, int t, const float (&dk)[N],
+                                                   const float (&dv)[N]) {
+  const int keys_valid = int(cta.sk - key0 < block_n ? cta.sk - key0 : block_n);
+#pragma unroll
+  for (int i = 0; i < N; i += 2) {
+    const int row = key_a + 8 * ((i >> 1) & 1);
+    const int col = col0 + 8 * (i >> 2) + 2 * t;
+    if (row >= keys_valid || col >= p.head_dim) continue;
+    const int64_t key = cta.k0 + key0 + row;
+    *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(cta.b, key, cta.hk) + col) =
+        ptx::thread_pack2<E>(dk[i] * p.scale, dk[i + 1] * p.scale);
+    *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(cta.b, key, cta.hk) + col) =
+        ptx::thread_pack2<E>(dv[i], dv[i + 1]);
+  }
+}
+
 #endif
 
 template <class T, bool kSoftcap>
@@ -247,8 +306,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   __syncthreads();
 
   const BwdCta cta = bwd_cta<BM, BN>(p);
-  const int hk = cta.hk, b = cta.b, group = cta.group;
-  const int64_t k0 = cta.k0, sq = cta.sq, sk = cta.sk, n_blocks = cta.n_blocks, tile0 = cta.tile0;
   const core::MaskSpec& mask = cta.mask;
   const bool deterministic = ws.splits > 1 || p.deterministic;
   const int wg = int(threadIdx.x) / 128;
@@ -262,12 +319,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       // ---- dQ writer ----
       float* slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
-      for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
-        const KeySteps ks = key_steps<BM, BN>(mask, n, group);
+      for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+        const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
         // Deterministic: this key tile's additions start after the previous tile's completed.
         if (deterministic && lane == 0) ptx::thread_bulk_wait_all();
         for (int s = 0; s < ks.steps; ++s, ++it) {
-          const int h = hk * group + int(s / ks.m_tiles);
+          const int h = cta.hk * cta.group + int(s / ks.m_tiles);
           const int64_t m = ks.m_begin + s % ks.m_tiles;
           const int buf = it % NB;
           // The add that last read this buffer (NB steps ago) has finished reading it.
@@ -276,7 +333,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, 256 + 32);
           ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
           if (lane == 0) {
-            float* dst = slice + (int64_t(h) * ws.tiles_per_head + tile0 + m) * BM * D;
+            float* dst = slice + (int64_t(h) * ws.tiles_per_head + cta.tile0 + m) * BM * D;
             ptx::thread_bulk_reduce_add_f32(dst, sdQ + buf * BM * D, T::kDqBytes);
             ptx::thread_bulk_commit();
           }
@@ -304,17 +361,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
   const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
 
-  // acc = A B^T over the head dim, A this warpgroup's 64 key rows (K or V), B a query tile (Q or
-  // dO), both K-major: k16 steps walk 32 bytes inside a 128-byte row, then the next column block.
-  auto product_over_d = [&](float(&acc)[BM / 2], uint64_t a_desc, uint64_t b_desc) {
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      const int cb = k / 4, kk = k % 4;
-      ptx::Wgmma<E, BM>::template ss<0>(acc, a_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
-                                        b_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
-    }
-    ptx::warpgroup_commit();
-  };
   // Per step `it`: S^T and dP^T into st, dp, each as soon as its query-side tile has landed.
   auto issue_sdp = [&](float(&st)[BM / 2], float(&dp)[BM / 2], int it) {
     const int stage = it % S;
@@ -325,9 +371,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     ptx::thread_pin(st);
     ptx::thread_pin(dp);
     ptx::warpgroup_fence();
-    product_over_d(st, k_desc, q_desc);
+    warpgroup_product_over_d<T>(st, k_desc, q_desc);
     ptx::thread_mbarrier_wait(&ring.do_full[stage], phase);
-    product_over_d(dp, v_desc, do_desc);
+    warpgroup_product_over_d<T>(dp, v_desc, do_desc);
   };
   // dQ of step `it` to the writer warp's buffer: float4 c of thread tid of warpgroup cwg at
   // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this).
@@ -344,8 +390,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   };
 
   int kt = 0, it = 0;
-  for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
-    const KeySteps ks = key_steps<BM, BN>(mask, n, group);
+  for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+    const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
     const int64_t key0 = n * BN;
     float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -359,7 +405,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         float st[BM / 2], dp[BM / 2];
         issue_sdp(st, dp, it);
         const int64_t m0 = (ks.m_begin + s % ks.m_tiles) * BM;
-        const int rows = int(sq - m0 < BM ? sq - m0 : BM);
+        const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
         // Boundary steps (a partial tile, or keys a row must not see) mask element-wise; the test
         // is uniform across the CTA, so the branches below stay warp-uniform.
         const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
@@ -434,25 +480,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
         ptx::thread_named_sync(T::kDsBarrier, 256);
         float dq[T::kDqN / 2];
-        ptx::thread_pin(dq);
-        ptx::warpgroup_fence();
-        const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024);
-#pragma unroll
-        for (int k = 0; k < BN / 16; ++k)
-          ptx::Wgmma<E, T::kDqN>::template ss<1, 1>(dq, ds_desc + uint64_t((k * 2048) >> 4),
-                                                     kmn_desc + uint64_t((k * 2048) >> 4), k > 0 ? 1 : 0);
-        ptx::warpgroup_commit();
+        warpgroup_issue_dq<T, T::kDqN>(dq, ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024), kmn_desc);
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(dv);
         ptx::thread_pin(dk);
         ptx::thread_pin(pf);
         ptx::thread_pin(dsf);
-        // Every consumer thread releases the stage after its own reads of lse2 / delta (and the
-        // products on Q and dO are done): an mbarrier arrive releases the arriving thread's own
-        // accesses only. The proxy fence orders those generic reads before the copy engine's next
-        // writes to the stage.
-        ptx::thread_fence_proxy_async_smem();
-        ptx::thread_mbarrier_arrive(&ring.qdo_empty[stage]);
+        thread_release_stage(ring, stage);
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
         store_dq(dq, it);
@@ -461,19 +495,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       ++kt;
     }
 
-    // dK (times the softmax scale), dV of this warpgroup's 64 keys, written once (zeros for keys
-    // no query sees).
-    const int keys_valid = int(sk - key0 < BN ? sk - key0 : BN);
-#pragma unroll
-    for (int i = 0; i < D / 2; i += 2) {
-      const int row = key_a + 8 * ((i >> 1) & 1);
-      const int col = 8 * (i >> 2) + 2 * t;
-      if (row >= keys_valid || col >= p.head_dim) continue;
-      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk) + col) =
-          ptx::thread_pack2<E>(dk[i] * p.scale, dk[i + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk) + col) =
-          ptx::thread_pack2<E>(dv[i], dv[i + 1]);
-    }
+    thread_store_dk_dv<E>(p, cta, key0, BN, key_a, 0, t, dk, dv);
   }
 #endif
 }

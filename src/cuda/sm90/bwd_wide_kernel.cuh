@@ -1,7 +1,8 @@
 // The Hopper backward for wide heads (d = 256), beside the d <= 128 kernel of bwd_kernel.cuh, whose
 // header describes what both share: one CTA per (key tile, KV head, batch) streaming the query
 // tiles of the GQA group, the producer warp and its ring (thread_load_steps), the softmax scale
-// folded into dK and dQ, and the fragment-order dQ workspace.
+// folded into dK and dQ, and the fragment-order dQ workspace. The warpgroup steps both run are
+// there too: warpgroup_product_over_d, warpgroup_issue_dq, thread_release_stage, thread_store_dk_dv.
 //
 // At d = 256, dK and dV of 64 keys take 256 fp32 registers per thread of one warpgroup, more than a
 // consumer has. So the two consumer warpgroups split the head dim instead of the keys: the CTA
@@ -113,27 +114,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + cwg * (H / 64) * BN * 128, BN * 128, 1024);
   const int half_off = cwg * (H / 64) * BM * 128;
 
-  // acc = A B^T over the head dim (B a Q or dO stage, K-major).
-  auto product_over_d = [&](float(&acc)[BM / 2], uint64_t b_desc) {
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      const int cb = k / 4, kk = k % 4;
-      ptx::Wgmma<E, BM>::template ss<0>(acc, kv_desc + uint64_t((cb * BN * 128 + kk * 32) >> 4),
-                                        b_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4), k > 0 ? 1 : 0);
-    }
-    ptx::warpgroup_commit();
-  };
-  // dQ[:, half] = dS K[:, half] (one commit group), and its addition into workspace tile `tile`
-  // (query head, query tile) once it landed.
-  auto issue_dq = [&](float(&dq)[H / 2]) {
-    ptx::thread_pin(dq);
-    ptx::warpgroup_fence();
-#pragma unroll
-    for (int k = 0; k < BN / 16; ++k)
-      ptx::Wgmma<E, H>::template ss<1, 1>(dq, dst_desc + uint64_t((k * 2048) >> 4), kmn_desc + uint64_t((k * 2048) >> 4),
-                                          k > 0 ? 1 : 0);
-    ptx::warpgroup_commit();
-  };
+  // dQ[:, half] (warpgroup_issue_dq) into workspace tile `tile` (query head, query tile), once it
+  // landed.
   auto add_dq = [&](float(&dq)[H / 2], int tile) {
     ptx::thread_pin(dq);
     // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
@@ -142,12 +124,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
 #pragma unroll
     for (int c = 0; c < H / 8; ++c)
       ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
-  };
-  // Every consumer thread releases the stage after its reads of it (an mbarrier arrive releases
-  // the arriving thread's own accesses; the proxy fence orders them before the next TMA writes).
-  auto release = [&](int stage) {
-    ptx::thread_fence_proxy_async_smem();
-    ptx::thread_mbarrier_arrive(&ring.qdo_empty[stage]);
   };
 
   // One query step: its ring stage, its workspace tile, and where its operands sit.
@@ -169,7 +145,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_mbarrier_wait(&ring.q_full[stage], at.phase);
     ptx::thread_pin(st);
     ptx::warpgroup_fence();
-    product_over_d(st, ptx::make_smem_desc_sw128(at.q, 16, 1024));
+    warpgroup_product_over_d<T>(st, kv_desc, ptx::make_smem_desc_sw128(at.q, 16, 1024));
     // The step's mask while S^T is on the tensor cores (see the d <= 128 kernel).
     const int64_t m0 = int64_t(m) * BM;
     const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
@@ -245,9 +221,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_pin(dk);
     ptx::thread_pin(pf);
     ptx::thread_pin(dsf);
-    release(stage);
+    thread_release_stage(ring, stage);
     float dq[H / 2];
-    issue_dq(dq);
+    warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
     ptx::warpgroup_wait<0>();
     add_dq(dq, at.tile);
   };
@@ -262,7 +238,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_mbarrier_wait(&ring.do_full[stage], at.phase);
     ptx::thread_pin(dp);
     ptx::warpgroup_fence();
-    product_over_d(dp, ptx::make_smem_desc_sw128(at.dout, 16, 1024));
+    warpgroup_product_over_d<T>(dp, kv_desc, ptx::make_smem_desc_sw128(at.dout, 16, 1024));
     ptx::warpgroup_wait<0>();
     ptx::thread_pin(dp);
     // The score warpgroup read the previous step's dP^T before the last P barrier.
@@ -282,11 +258,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       ptx::Wgmma<E, H>::template ss<1>(dk, ds_desc + uint64_t((k * 32) >> 4), q_mn + uint64_t((k * 2048) >> 4), 1);
     ptx::warpgroup_commit();
     float dq[H / 2];
-    issue_dq(dq);
+    warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
     ptx::warpgroup_wait<1>();
     ptx::thread_pin(dv);
     ptx::thread_pin(dk);
-    release(stage);
+    thread_release_stage(ring, stage);
     ptx::warpgroup_wait<0>();
     add_dq(dq, at.tile);
   };
@@ -324,20 +300,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
       ++kt;
     }
-    // dK (times the softmax scale) and dV of this warpgroup's columns, written once (zeros for
-    // keys no query sees).
-    const int keys_valid = int(cta.sk - key0 < BN ? cta.sk - key0 : BN);
-#pragma unroll
-    for (int i = 0; i < H / 2; i += 2) {
-      const int row = key_a + 8 * ((i >> 1) & 1);
-      const int col = cwg * H + 8 * (i >> 2) + 2 * t;
-      if (row >= keys_valid || col >= p.head_dim) continue;
-      const int64_t key = cta.k0 + key0 + row;
-      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dk) + p.dk_s.offset(cta.b, key, cta.hk) + col) =
-          ptx::thread_pack2<E>(dk[i] * p.scale, dk[i + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(static_cast<E*>(p.dv) + p.dv_s.offset(cta.b, key, cta.hk) + col) =
-          ptx::thread_pack2<E>(dv[i], dv[i + 1]);
-    }
+    thread_store_dk_dv<E>(p, cta, key0, BN, key_a, cwg * H, t, dk, dv);
   }
 #endif
 }
