@@ -21,8 +21,8 @@ for step in "${steps[@]}"; do
         ${HDIMS:+-DFLASHATTN_HDIMS="$HDIMS"} ${DTYPES:+-DFLASHATTN_DTYPES="$DTYPES"} -DFLASHATTN_BUILD_TOOLS=OFF > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
       cmake --build $BUILD -j16 --target flashattn flashattn_gpu_tests > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
       grep -E "spill" "$OUT/build.log" | sort | uniq -c | head -20
-      # ptxas serializing wgmmas (C7520) costs the Hopper kernels most of their speed, and an
-      # injected warpgroup fence (C7519, usually around spilled accumulators) some of it: say so.
+      # ptxas serializing wgmmas (C7520) costs the Hopper kernels most of their speed, and it may
+      # inject warpgroup fences (C7519) of its own: say so.
       grep -E "C7520|C7519" "$OUT/build.log" | sort | uniq -c | head -8
       ;;
     test)

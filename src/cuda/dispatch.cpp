@@ -136,12 +136,23 @@ void pick_and_run(const Variant<Params> (&table)[N], const char* op, const Param
   last_kernel = variant_name(op[0] == 'f' ? "fwd" : "bwd", "portable", best->head_dim, best->dtype, best->arch);
 }
 
-template <class Params, size_t N>
-void describe(const Variant<Params> (&table)[N], const char* kind, std::string& s) {
-  for (const Variant<Params>& v : table) {
+// The target arch of a table entry (the Hopper tables hold sm_90a code only).
+template <class Params>
+int arch_of(const Variant<Params>& v) {
+  return v.arch;
+}
+template <class Params>
+int arch_of(const HopperVariant<Params>&) {
+  return 90;
+}
+
+// Appends the compiled variants of a table to s, comma-separated (`flashattn info`).
+template <class Table>
+void describe(const Table& table, const char* kind, const char* path, std::string& s) {
+  for (const auto& v : table) {
     if (v.run == nullptr) continue;
     if (!s.empty()) s += ", ";
-    s += variant_name(kind, "portable", v.head_dim, v.dtype, v.arch);
+    s += variant_name(kind, path, v.head_dim, v.dtype, arch_of(v));
   }
 }
 
@@ -165,18 +176,10 @@ void dispatch_backward(const core::BackwardParams& p, int cc, cudaStream_t strea
 
 std::string variant_list() {
   std::string s;
-  for (const auto& v : kHopperForward) {
-    if (v.run == nullptr) continue;
-    if (!s.empty()) s += ", ";
-    s += variant_name("fwd", "hopper", v.head_dim, v.dtype, 90);
-  }
-  for (const auto& v : kHopperBackward) {
-    if (v.run == nullptr) continue;
-    if (!s.empty()) s += ", ";
-    s += variant_name("bwd", "hopper", v.head_dim, v.dtype, 90);
-  }
-  describe(kForward, "fwd", s);
-  describe(kBackward, "bwd", s);
+  describe(kHopperForward, "fwd", "hopper", s);
+  describe(kHopperBackward, "bwd", "hopper", s);
+  describe(kForward, "fwd", "portable", s);
+  describe(kBackward, "bwd", "portable", s);
   return s.empty() ? "none" : s;
 }
 

@@ -141,6 +141,25 @@ __global__ void named_barrier_if_kernel(int* out, int* ran) {
 #endif
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Thread 0 initializes the mbarrier the block's loads complete on (one arrival: the thread that
+// issues them); the whole block waits for it.
+__device__ void block_init_load_barrier(uint64_t* full) {
+  if (threadIdx.x == 0) {
+    ptx::thread_mbarrier_init(full, 1);
+    ptx::thread_fence_mbarrier_init();
+  }
+  __syncthreads();
+}
+
+// Writes a warpgroup's m64nN accumulators (ptx/wgmma.cuh layout) to a row-major [64][N] matrix.
+template <int N>
+__device__ void warpgroup_store_accumulators(float* dst, const float (&acc)[N / 2]) {
+  const int tid = int(threadIdx.x) % 128, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  for (int i = 0; i < N / 2; ++i) dst[(16 * w + g + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * t + (i & 1)] = acc[i];
+}
+#endif
+
 // The Hopper forward's data path on one warpgroup: TMA loads (128-byte swizzle, two column blocks
 // of a 128-wide row) completing on an mbarrier; S = Q K^T with both operands K-major in shared
 // memory (wgmma ss, N = 64); P = bf16(S / 8) re-packed from the accumulator as register A
@@ -153,12 +172,8 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(1024) unsigned char tiles[3][64 * 128 * 2];
   __shared__ __align__(8) uint64_t full;
-  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  if (tid == 0) {
-    ptx::thread_mbarrier_init(&full, 1);
-    ptx::thread_fence_mbarrier_init();
-  }
-  __syncthreads();
+  const int tid = threadIdx.x, w = tid / 32;
+  block_init_load_barrier(&full);
   if (w == 0 && ptx::warp_elect_one()) {
     ptx::thread_mbarrier_arrive_expect_tx(&full, 3 * 64 * 128 * 2);
     const CUtensorMap* m[3] = {&maps.q, &maps.k, &maps.v};
@@ -178,7 +193,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
   ptx::warpgroup_wait<0>();
   ptx::thread_pin(s);
   uint32_t pf[16];
-  for (int i = 0; i < 32; ++i) S[(16 * w + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t + (i & 1)] = s[i];
+  warpgroup_store_accumulators<64>(S, s);
   for (int j = 0; j < 16; ++j) pf[j] = ptx::thread_pack2<__nv_bfloat16>(s[2 * j] * 0.125f, s[2 * j + 1] * 0.125f);
   float o[64];
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -191,7 +206,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
   ptx::warpgroup_wait<0>();
   ptx::thread_pin(o);
   ptx::thread_pin(pf);
-  for (int i = 0; i < 64; ++i) O[(16 * w + g + 8 * ((i >> 1) & 1)) * 128 + 8 * (i >> 2) + 2 * t + (i & 1)] = o[i];
+  warpgroup_store_accumulators<128>(O, o);
   if (tid == 0) *ran = 1;
 #else
   if (threadIdx.x == 0) *ran = 0;
@@ -208,12 +223,8 @@ __global__ void __launch_bounds__(128) wgmma_trans_a_kernel(const __grid_constan
   __shared__ __align__(1024) unsigned char y[64 * 128 * 2];
   __shared__ __align__(16) float v[64];
   __shared__ __align__(8) uint64_t full;
-  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  if (tid == 0) {
-    ptx::thread_mbarrier_init(&full, 1);
-    ptx::thread_fence_mbarrier_init();
-  }
-  __syncthreads();
+  const int tid = threadIdx.x, w = tid / 32;
+  block_init_load_barrier(&full);
   if (w == 0 && ptx::warp_elect_one()) {
     ptx::thread_mbarrier_arrive_expect_tx(&full, (64 * 64 + 64 * 128) * 2 + 64 * 4);
     ptx::thread_tma_load_4d(x, &maps.q, &full, 0, 0, 0, 0);
@@ -231,7 +242,7 @@ __global__ void __launch_bounds__(128) wgmma_trans_a_kernel(const __grid_constan
   ptx::warpgroup_commit();
   ptx::warpgroup_wait<0>();
   ptx::thread_pin(c);
-  for (int i = 0; i < 64; ++i) C[(16 * w + g + 8 * ((i >> 1) & 1)) * 128 + 8 * (i >> 2) + 2 * t + (i & 1)] = c[i];
+  warpgroup_store_accumulators<128>(C, c);
   if (tid < 64) vec_out[tid] = v[tid];
   if (tid == 0) *ran = 1;
 #else
