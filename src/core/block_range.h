@@ -64,6 +64,18 @@ FA_HD QueryTiles query_tiles_seeing(const MaskSpec& m, int64_t c0, int64_t c1, i
   return t;
 }
 
+// The first key tile (tile size block_n) whose query_tiles_seeing range holds query tile m, given
+// that one does: the key tiles that visit a query tile are consecutive (both ends of rows_seeing
+// are nondecreasing in the keys), so a visiting key tile n is number n - this among them, and the
+// deterministic GPU backward adds their dQ into tile m in that order. Without a left window every
+// nonempty key tile's rows run to seqlen_q, so it is 0; with one, the first n whose rows_seeing end
+// c1 - (seqlen_k - seqlen_q) + window_left passes m * block_m, c1 = (n + 1) * block_n.
+FA_HD int64_t first_key_tile_seeing(const MaskSpec& mask, int64_t m, int64_t block_m, int64_t block_n) {
+  if (mask.window_left < 0) return 0;
+  const int64_t x = m * block_m + (mask.seqlen_k - mask.seqlen_q) - mask.window_left;
+  return x <= 0 ? 0 : x / block_n;
+}
+
 // Key tiles [n_begin, n_end) (tile size block_n) that query rows [r0, r1) must visit, and the
 // sub-range [n_nomask_begin, n_nomask_end) of those that need no element-wise mask.
 struct TileRange {

@@ -42,6 +42,30 @@ TEST(BackwardLayout, KeyTilesVisitExactlyTheQueryTilesThatSeeThem) {
     }
 }
 
+// The deterministic backward's order: the key tiles that visit a query tile are consecutive, and
+// first_key_tile_seeing is the first of them.
+TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
+  using flashattn::core::MaskSpec;
+  for (auto [block_m, block_n] : {std::pair<int64_t, int64_t>{64, 128}, {128, 128}, {64, 64}})
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {100, 300}, {300, 100}, {257, 257}, {64, 500}, {700, 700}})
+      for (auto [wl, wr] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {10, 0}, {37, 11}, {0, 0}, {-1, 5}, {3, -1}}) {
+        const MaskSpec mask{sq, sk, wl, wr};
+        const int64_t n_blocks = (sk + block_n - 1) / block_n;
+        for (int64_t m = 0; m * block_m < sq; ++m) {
+          std::vector<int64_t> visitors;
+          for (int64_t n = 0; n < n_blocks; ++n) {
+            const auto t = flashattn::core::query_tiles_seeing(mask, n * block_n, std::min(sk, (n + 1) * block_n), block_m);
+            if (m >= t.m_begin && m < t.m_end) visitors.push_back(n);
+          }
+          for (size_t i = 0; i < visitors.size(); ++i) {
+            ASSERT_EQ(visitors[i], visitors[0] + int64_t(i)) << "sq " << sq << " sk " << sk << " window (" << wl << ", "
+                                                               << wr << ") query tile " << m;
+            EXPECT_EQ(flashattn::core::first_key_tile_seeing(mask, m, block_m, block_n), visitors[0]);
+          }
+        }
+      }
+}
+
 TEST(BackwardLayout, VarlenSequencesNeverShareATile) {
   std::mt19937 rng(7);
   for (int tile_m : {64, 128})

@@ -118,6 +118,20 @@ __global__ void red_add_kernel(float* gmem, int* ran) {
 #endif
 }
 
+// Turns (sm90): 8 single-thread CTAs, all resident at once, take turns in reverse block order;
+// each appends its index to a log at the position the turn counter gave it.
+__global__ void turn_kernel(int* turn, int* log, int* ran) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int mine = int(gridDim.x - 1 - blockIdx.x);
+  ptx::thread_wait_turn(turn, mine);
+  log[mine] = int(blockIdx.x);
+  ptx::thread_pass_turn(turn);
+  if (blockIdx.x == 0) *ran = 1;
+#else
+  if (blockIdx.x == 0) *ran = 0;
+#endif
+}
+
 // Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
 // warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
 // stray arrive or wait would leave barrier 2 unbalanced or hang).
@@ -437,6 +451,24 @@ TEST_F(Ptx, VectorReductionsAddOnHopper) {
     EXPECT_EQ(got[j], base[j] + 4 * 2 * j * weights) << j;
   }
   cudaFree(d);
+  cudaFree(ran);
+}
+
+TEST_F(Ptx, TurnsPassInOrderOnHopper) {
+  int *turn = nullptr, *log = nullptr, *ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&turn, 4));
+  FA_CUDA_OK(cudaMalloc(&log, 8 * 4));
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  FA_CUDA_OK(cudaMemset(turn, 0, 4));
+  FA_CUDA_OK(cudaMemset(log, 0xff, 8 * 4));
+  turn_kernel<<<8, 1>>>(turn, log, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "turns need sm90";
+  EXPECT_EQ(to_host(turn, 1)[0], 8);
+  auto got = to_host(log, 8);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(got[i], 7 - i) << i;
+  cudaFree(turn);
+  cudaFree(log);
   cudaFree(ran);
 }
 

@@ -24,7 +24,11 @@
 //     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
 //     dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
-// Determinism: in deterministic mode the grid has `splits` CTAs per (KV head, batch), each with its
+// Determinism, ordered (the default deterministic mode): the default grid; the writer adds a step's
+// dQ tile only when the key tiles before this one (of those visiting the query tile,
+// core::first_key_tile_seeing) have added theirs, waits for its addition to complete and passes
+// the turn (a counter per dQ tile in the workspace). With slices (FLASHATTN_BWD_DETERMINISM=slices)
+// the grid has `splits` CTAs per (KV head, batch), each with its
 // own dQ slice; a CTA's key tiles add into its slice in order (the writer waits for one key tile's
 // adds to complete before the next tile's), so each element's additions have a fixed order.
 #pragma once
@@ -290,7 +294,7 @@ __device__ __forceinline__ void thread_store_dk_dv(const core::BackwardParams& p
 
 #endif
 
-template <class T, bool kSoftcap>
+template <class T, bool kSoftcap, bool kOrdered>
 __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_constant__ BwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using E = typename T::Element;
@@ -307,7 +311,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
   const BwdCta cta = bwd_cta<BM, BN>(p);
   const core::MaskSpec& mask = cta.mask;
-  const bool deterministic = ws.splits > 1 || p.deterministic;
+  // Deterministic mode with slices (each split its own dQ slice) or ordered (turns per dQ tile).
+  const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
   const int wg = int(threadIdx.x) / 128;
 
   if (wg == 0) {
@@ -317,12 +322,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       thread_load_steps<T>(P, cta, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
-      float* slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
+      float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
       for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
         const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
-        // Deterministic: this key tile's additions start after the previous tile's completed.
-        if (deterministic && lane == 0) ptx::thread_bulk_wait_all();
+        // Slices: this key tile's additions start after the previous tile's completed.
+        if (sliced && lane == 0) ptx::thread_bulk_wait_all();
         for (int s = 0; s < ks.steps; ++s, ++it) {
           const int h = cta.hk * cta.group + int(s / ks.m_tiles);
           const int64_t m = ks.m_begin + s % ks.m_tiles;
@@ -333,9 +338,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, 256 + 32);
           ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
           if (lane == 0) {
-            float* dst = slice + (int64_t(h) * ws.tiles_per_head + cta.tile0 + m) * BM * D;
-            ptx::thread_bulk_reduce_add_f32(dst, sdQ + buf * BM * D, T::kDqBytes);
+            const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
+            // Ordered: key tile n adds into query tile m after the key tiles before it (from the
+            // first that visits m), and passes the turn once its addition completed.
+            if constexpr (kOrdered) ptx::thread_wait_turn(ws.dq_turn + tile, int(n - core::first_key_tile_seeing(mask, m, BM, BN)));
+            ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
             ptx::thread_bulk_commit();
+            if constexpr (kOrdered) {
+              ptx::thread_bulk_wait_all();
+              ptx::thread_pass_turn(ws.dq_turn + tile);
+            }
           }
         }
       }

@@ -20,9 +20,10 @@
 // contiguous bytes per warp instruction): a 64 x 256 fp32 staging buffer does not fit beside K, V
 // and two stages of Q and dO. The workspace order is the d <= 128 kernel's, dQ split by columns, so
 // backward_convert_dq_kernel reads it unchanged.
-// Determinism: each dQ element of a CTA's slice is added by one thread (the fragment layout fixes
-// which) in program order, so with one slice per split (deterministic mode) the order of every
-// element's additions is fixed, with no waiting.
+// Determinism: ordered (the default deterministic mode) as in bwd_kernel.cuh, per warpgroup half
+// of a dQ tile (two turn counters per tile). With slices, each dQ element of a CTA's slice is added
+// by one thread (the fragment layout fixes which) in program order, so with one slice per split
+// the order of every element's additions is fixed, with no waiting.
 #pragma once
 
 #include <cuda.h>
@@ -60,6 +61,7 @@ struct WideBwdTraits {
   static constexpr int kDpBarrier = 1;
   static constexpr int kPBarrier = 2;
   static constexpr int kDsBarrier = 3;
+  static constexpr int kTurnBarrier = 4;  // + consumer warpgroup: its turn to add dQ (ordered mode)
   static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes + kDpBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
@@ -67,7 +69,7 @@ struct WideBwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <class T, bool kSoftcap>
+template <class T, bool kSoftcap, bool kOrdered>
 __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __grid_constant__ BwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using E = typename T::Element;
@@ -102,8 +104,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int key_a = 16 * warp + g;
   const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
-  const bool deterministic = ws.splits > 1 || p.deterministic;
-  float* slice = ws.dq_accum + (deterministic ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
+  const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
+  float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
 
   // S^T (score) or dP^T (gradient): A = this warpgroup's K or V rows, K-major.
   const uint64_t kv_desc = ptx::make_smem_desc_sw128(cwg == 0 ? ring.k : ring.v, 16, 1024);
@@ -115,15 +117,27 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int half_off = cwg * (H / 64) * BM * 128;
 
   // dQ[:, half] (warpgroup_issue_dq) into workspace tile `tile` (query head, query tile), once it
-  // landed.
-  auto add_dq = [&](float(&dq)[H / 2], int tile) {
+  // landed. Ordered deterministic mode: each warpgroup's half of the tile takes its turn after the
+  // key tiles before this one (from the first visiting query tile m); the turn passes once every
+  // thread's reductions are performed (fence, then the warpgroup's barrier).
+  auto add_dq = [&](float(&dq)[H / 2], int tile, int m, int n) {
     ptx::thread_pin(dq);
+    int* turn = kOrdered ? ws.dq_turn + 2 * int64_t(tile) + cwg : nullptr;
+    if constexpr (kOrdered) {
+      if (tid == 0) ptx::thread_wait_turn(turn, int(n - core::first_key_tile_seeing(mask, m, BM, BN)));
+      ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
+    }
     // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
     // address (immediate offsets, not one 64-bit address per instruction).
     float* dst = slice + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
 #pragma unroll
     for (int c = 0; c < H / 8; ++c)
       ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
+    if constexpr (kOrdered) {
+      __threadfence();
+      ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
+      if (tid == 0) ptx::thread_pass_turn(turn);
+    }
   };
 
   // One query step: its ring stage, its workspace tile, and where its operands sit.
@@ -225,7 +239,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
     ptx::warpgroup_wait<0>();
-    add_dq(dq, at.tile);
+    add_dq(dq, at.tile, at.m, at.n);
   };
 
   auto gradient_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
@@ -264,7 +278,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_pin(dk);
     thread_release_stage(ring, stage);
     ptx::warpgroup_wait<0>();
-    add_dq(dq, at.tile);
+    add_dq(dq, at.tile, at.m, at.n);
   };
 
   // The CTA's key tiles and their query steps. (One loop with the role's branch inside: one loop
