@@ -89,20 +89,32 @@ struct BwdTraits {
 };
 
 // The query steps of one key tile: query tiles [m_begin, m_begin + m_tiles) of each of the group's
-// query heads (head-major). Computed identically by every role.
+// query heads. Computed identically by every role. Default order: head-major, query tiles upward.
+// Ordered deterministic mode (kDown): query tiles from the last down, the group's heads innermost.
+// Key tiles add into a dQ tile in key-tile order, and in this order a key tile reaches a query tile
+// no earlier than the key tiles before it: key tile n's last query tile is nondecreasing in n, and
+// it is m_last(n) - m steps from its start. Walking upward, the causal mask's later key tiles would
+// reach their first (diagonal) query tiles long before key tile 0 got there, and wait for it.
+template <bool kDown>
 struct KeySteps {
   int64_t m_begin, m_tiles;
-  int steps;
+  int steps, group;
+  // Query head (within the group) and query tile of step s.
+  __device__ __forceinline__ int head(int s) const { return kDown ? s % group : int(s / m_tiles); }
+  __device__ __forceinline__ int64_t m_of(int s) const {
+    return kDown ? m_begin + m_tiles - 1 - s / group : m_begin + s % m_tiles;
+  }
 };
 
-template <int BM, int BN>
-__device__ __forceinline__ KeySteps key_steps(const core::MaskSpec& mask, int64_t n, int group) {
+template <int BM, int BN, bool kDown = false>
+__device__ __forceinline__ KeySteps<kDown> key_steps(const core::MaskSpec& mask, int64_t n, int group) {
   const int64_t key0 = n * BN, key1 = mask.seqlen_k < key0 + BN ? mask.seqlen_k : key0 + BN;
   const core::QueryTiles q = core::query_tiles_seeing(mask, key0, key1, BM);
-  KeySteps k;
+  KeySteps<kDown> k;
   k.m_begin = q.m_begin;
   k.m_tiles = q.m_end - q.m_begin;
   k.steps = int(k.m_tiles * group);
+  k.group = group;
   return k;
 }
 
@@ -178,7 +190,7 @@ __device__ __forceinline__ BwdRing bwd_ring(unsigned char* at, float* rows) {
 // The producer's loads (one elected thread): TMA loads of K and V per key tile, and per query step
 // of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout of
 // src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it.
-template <class T>
+template <class T, bool kDown>
 __device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdCta& c, const BwdRing& r) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   const BwdWorkspace& ws = P.ws;
@@ -189,7 +201,7 @@ __device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdC
   const int tma_b = c.varlen ? 0 : c.b;
   int kt = 0, it = 0;
   for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) {
-    const KeySteps ks = key_steps<BM, BN>(c.mask, n, c.group);
+    const auto ks = key_steps<BM, BN, kDown>(c.mask, n, c.group);
     if (ks.steps == 0) continue;
     const int key0 = int(c.k0 + n * BN);
     ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
@@ -198,8 +210,8 @@ __device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdC
     thread_tma_load_tile<BN, T::kColBlocks>(r.v, &P.tv, r.kv_full, key0, c.hk, tma_b);
     ++kt;
     for (int s = 0; s < ks.steps; ++s, ++it) {
-      const int h = c.hk * c.group + int(s / ks.m_tiles);
-      const int64_t m = ks.m_begin + s % ks.m_tiles;
+      const int h = c.hk * c.group + ks.head(s);
+      const int64_t m = ks.m_of(s);
       const int stage = it % S;
       const int row = int(c.q0 + m * BM);
       const int64_t w = (int64_t(h) * ws.tiles_per_head + c.tile0 + m) * BM;
@@ -319,18 +331,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     if (warp == 0 && ptx::warp_elect_one()) {
-      thread_load_steps<T>(P, cta, ring);
+      thread_load_steps<T, kOrdered>(P, cta, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
       float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
       for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-        const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
+        const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
         // Slices: this key tile's additions start after the previous tile's completed.
         if (sliced && lane == 0) ptx::thread_bulk_wait_all();
         for (int s = 0; s < ks.steps; ++s, ++it) {
-          const int h = cta.hk * cta.group + int(s / ks.m_tiles);
-          const int64_t m = ks.m_begin + s % ks.m_tiles;
+          const int h = cta.hk * cta.group + ks.head(s);
+          const int64_t m = ks.m_of(s);
           const int buf = it % NB;
           // The add that last read this buffer (NB steps ago) has finished reading it.
           if (lane == 0) ptx::thread_bulk_wait_read<NB - 1>();
@@ -403,7 +415,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
   int kt = 0, it = 0;
   for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-    const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
     const int64_t key0 = n * BN;
     float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -416,7 +428,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       for (int s = 0; s < ks.steps; ++s, ++it) {
         float st[BM / 2], dp[BM / 2];
         issue_sdp(st, dp, it);
-        const int64_t m0 = (ks.m_begin + s % ks.m_tiles) * BM;
+        const int64_t m0 = ks.m_of(s) * BM;
         const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
         // Boundary steps (a partial tile, or keys a row must not see) mask element-wise; the test
         // is uniform across the CTA, so the branches below stay warp-uniform.

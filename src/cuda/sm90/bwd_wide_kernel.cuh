@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_steps<T>(P, cta, ring);
+    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_steps<T, kOrdered>(P, cta, ring);
     return;
   }
 
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   // per role kept more values live and spilled several times as much.)
   int kt = 0, it = 0;
   for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-    const KeySteps ks = key_steps<BM, BN>(mask, n, cta.group);
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
     const int64_t key0 = n * BN;
     float dk[H / 2], dv[H / 2];
 #pragma unroll
@@ -297,8 +297,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
         Step at;
         at.stage = it % S;
         at.phase = uint32_t(it / S) & 1u;
-        const int h = cta.hk * cta.group + int(s / ks.m_tiles);
-        at.m = int(ks.m_begin + s % ks.m_tiles);
+        const int h = cta.hk * cta.group + ks.head(s);
+        at.m = int(ks.m_of(s));
         at.n = int(n);
         at.key0 = int(key0);
         at.tile = int(int64_t(h) * ws.tiles_per_head + cta.tile0 + at.m);
