@@ -339,6 +339,32 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       int it = 0;
       for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
         const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
+        if constexpr (kOrdered) {
+          // Key tile n adds into query tile m after the key tiles before it (from the first that
+          // visits m) and passes the turn once its addition completed. What stands between two key
+          // tiles' additions is kept short, and off the consumers' path: the turn is awaited while
+          // the consumers compute the step's dQ, and their buffer is released as soon as the
+          // reduction has read it, before its global writes complete.
+          if (ks.steps > 0) ptx::thread_named_arrive(T::kDqEmptyBarrier + it % NB, 256 + 32);
+          for (int s = 0; s < ks.steps; ++s, ++it) {
+            const int64_t tile = int64_t(cta.hk * cta.group + ks.head(s)) * ws.tiles_per_head + cta.tile0 + ks.m_of(s);
+            const int buf = it % NB;
+            if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, int(n - core::first_key_tile_seeing(mask, ks.m_of(s), BM, BN)));
+            ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
+            if (lane == 0) {
+              ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
+              ptx::thread_bulk_commit();
+              ptx::thread_bulk_wait_read_all();
+            }
+            __syncwarp();
+            if (s + 1 < ks.steps) ptx::thread_named_arrive(T::kDqEmptyBarrier + (it + 1) % NB, 256 + 32);
+            if (lane == 0) {
+              ptx::thread_bulk_wait_all();
+              ptx::thread_pass_turn(ws.dq_turn + tile);
+            }
+          }
+          continue;
+        }
         // Slices: this key tile's additions start after the previous tile's completed.
         if (sliced && lane == 0) ptx::thread_bulk_wait_all();
         for (int s = 0; s < ks.steps; ++s, ++it) {
@@ -352,15 +378,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
           if (lane == 0) {
             const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
-            // Ordered: key tile n adds into query tile m after the key tiles before it (from the
-            // first that visits m), and passes the turn once its addition completed.
-            if constexpr (kOrdered) ptx::thread_wait_turn(ws.dq_turn + tile, int(n - core::first_key_tile_seeing(mask, m, BM, BN)));
             ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
             ptx::thread_bulk_commit();
-            if constexpr (kOrdered) {
-              ptx::thread_bulk_wait_all();
-              ptx::thread_pass_turn(ws.dq_turn + tile);
-            }
           }
         }
       }

@@ -118,26 +118,36 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
 
   // dQ[:, half] (warpgroup_issue_dq) into workspace tile `tile` (query head, query tile), once it
   // landed. Ordered deterministic mode: each warpgroup's half of the tile takes its turn after the
-  // key tiles before this one (from the first visiting query tile m); the turn passes once every
-  // thread's reductions are performed (fence, then the warpgroup's barrier).
-  auto add_dq = [&](float(&dq)[H / 2], int tile, int m, int n) {
-    ptx::thread_pin(dq);
-    int* turn = kOrdered ? ws.dq_turn + 2 * int64_t(tile) + cwg : nullptr;
+  // key tiles before this one (from the first visiting query tile m). Thread 0 awaits the turn
+  // while the dQ product runs (await_turn); the turn passes once every thread's reductions are
+  // performed (fence, then the warpgroup's barrier), which pass_turn does after the next step's
+  // first product is issued, so the reductions' round trip overlaps the tensor cores.
+  int* held = nullptr;  // ordered mode: the turn this warpgroup holds
+  auto turn_of = [&](int tile) { return ws.dq_turn + 2 * int64_t(tile) + cwg; };
+  auto await_turn = [&](int tile, int m, int n) {
+    if constexpr (kOrdered)
+      if (tid == 0) ptx::thread_wait_turn(turn_of(tile), int(n - core::first_key_tile_seeing(mask, m, BM, BN)));
+  };
+  auto pass_turn = [&] {
     if constexpr (kOrdered) {
-      if (tid == 0) ptx::thread_wait_turn(turn, int(n - core::first_key_tile_seeing(mask, m, BM, BN)));
-      ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
+      if (held != nullptr) {
+        __threadfence();
+        ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
+        if (tid == 0) ptx::thread_pass_turn(held);
+        held = nullptr;
+      }
     }
+  };
+  auto add_dq = [&](float(&dq)[H / 2], int tile) {
+    ptx::thread_pin(dq);
+    if constexpr (kOrdered) ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
     // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
     // address (immediate offsets, not one 64-bit address per instruction).
     float* dst = slice + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
 #pragma unroll
     for (int c = 0; c < H / 8; ++c)
       ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
-    if constexpr (kOrdered) {
-      __threadfence();
-      ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
-      if (tid == 0) ptx::thread_pass_turn(turn);
-    }
+    if constexpr (kOrdered) held = turn_of(tile);
   };
 
   // One query step: its ring stage, its workspace tile, and where its operands sit.
@@ -160,6 +170,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_pin(st);
     ptx::warpgroup_fence();
     warpgroup_product_over_d<T>(st, kv_desc, ptx::make_smem_desc_sw128(at.q, 16, 1024));
+    pass_turn();
     // The step's mask while S^T is on the tensor cores (see the d <= 128 kernel).
     const int64_t m0 = int64_t(m) * BM;
     const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
@@ -238,8 +249,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     thread_release_stage(ring, stage);
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
+    await_turn(at.tile, at.m, at.n);
     ptx::warpgroup_wait<0>();
-    add_dq(dq, at.tile, at.m, at.n);
+    add_dq(dq, at.tile);
   };
 
   auto gradient_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
@@ -253,6 +265,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_pin(dp);
     ptx::warpgroup_fence();
     warpgroup_product_over_d<T>(dp, kv_desc, ptx::make_smem_desc_sw128(at.dout, 16, 1024));
+    pass_turn();
     ptx::warpgroup_wait<0>();
     ptx::thread_pin(dp);
     // The score warpgroup read the previous step's dP^T before the last P barrier.
@@ -273,12 +286,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::warpgroup_commit();
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
+    await_turn(at.tile, at.m, at.n);
     ptx::warpgroup_wait<1>();
     ptx::thread_pin(dv);
     ptx::thread_pin(dk);
     thread_release_stage(ring, stage);
     ptx::warpgroup_wait<0>();
-    add_dq(dq, at.tile, at.m, at.n);
+    add_dq(dq, at.tile);
   };
 
   // The CTA's key tiles and their query steps. (One loop with the role's branch inside: one loop
@@ -314,6 +328,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
       ++kt;
     }
+    pass_turn();
     thread_store_dk_dv<E>(p, cta, key0, BN, key_a, cwg * H, t, dk, dv);
   }
 #endif
