@@ -316,22 +316,28 @@ Case deterministic_case(int64_t d) {
 }
 
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
-  for (int64_t d : {64, 128, 256})
-    on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
-      const Case c = deterministic_case(d);
-      SCOPED_TRACE(describe(c));
-      Problem pr(c, 401);
-      pr.forward();
-      pr.backward();
-      expect_path(c, portable);
-      std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
-      for (int run = 0; run < 50; ++run) {
+  // Both deterministic orders of the Hopper path (FLASHATTN_BWD_DETERMINISM: ordered turns by
+  // default, or split slices) until a measurement picks one.
+  for (const char* order : {static_cast<const char*>(nullptr), "slices"}) {
+    for (int64_t d : {64, 128, 256})
+      on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
+        ScopedEnv det_order("FLASHATTN_BWD_DETERMINISM", order);
+        SCOPED_TRACE(order != nullptr ? order : "ordered");
+        const Case c = deterministic_case(d);
+        SCOPED_TRACE(describe(c));
+        Problem pr(c, 401);
+        pr.forward();
         pr.backward();
-        ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
-        ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
-        ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
-      }
-    });
+        expect_path(c, portable);
+        std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+        for (int run = 0; run < 50; ++run) {
+          pr.backward();
+          ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
+          ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
+          ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
+        }
+      });
+  }
 }
 
 // The deterministic paths are also within the accuracy rule, including a left window, where the

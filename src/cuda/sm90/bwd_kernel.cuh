@@ -24,12 +24,14 @@
 //     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
 //     dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
-// Determinism: in deterministic mode the key tiles that visit a query tile add their dQ into it in
-// key-tile order (from the first that visits it, core::first_key_tile_seeing): the writer awaits
-// its turn (a counter per dQ tile in the workspace), adds, waits for its addition to complete and
-// passes the turn. In this mode key tiles walk their query tiles downward (KeySteps), so they reach
-// each dQ tile in turn order rather than waiting. Lower key tiles start first and a key tile only
-// waits for lower ones, so grids larger than the GPU finish.
+// Determinism, ordered (the default deterministic mode): the default grid; the writer adds a step's
+// dQ tile only when the key tiles before this one (of those visiting the query tile,
+// core::first_key_tile_seeing) have added theirs, waits for its addition to complete and passes
+// the turn (a counter per dQ tile in the workspace). In this mode key tiles walk their query tiles
+// downward (KeySteps), so they reach each dQ tile in turn order rather than waiting. With slices (FLASHATTN_BWD_DETERMINISM=slices)
+// the grid has `splits` CTAs per (KV head, batch), each with its
+// own dQ slice; a CTA's key tiles add into its slice in order (the writer waits for one key tile's
+// adds to complete before the next tile's), so each element's additions have a fixed order.
 #pragma once
 
 #include <cuda.h>
@@ -322,6 +324,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
   const BwdCta cta = bwd_cta<BM, BN>(p);
   const core::MaskSpec& mask = cta.mask;
+  // Deterministic mode with slices (each split its own dQ slice) or ordered (turns per dQ tile).
+  const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
   const int wg = int(threadIdx.x) / 128;
 
   if (wg == 0) {
@@ -331,7 +335,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       thread_load_steps<T, kOrdered>(P, cta, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
-      float* const dq_accum = ws.dq_accum;
+      float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
       for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
         const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
             if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, int(n - core::first_key_tile_seeing(mask, ks.m_of(s), BM, BN)));
             ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
             if (lane == 0) {
-              ptx::thread_bulk_reduce_add_f32(dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
+              ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
               ptx::thread_bulk_commit();
               ptx::thread_bulk_wait_read_all();
             }
@@ -361,6 +365,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           }
           continue;
         }
+        // Slices: this key tile's additions start after the previous tile's completed.
+        if (sliced && lane == 0) ptx::thread_bulk_wait_all();
         for (int s = 0; s < ks.steps; ++s, ++it) {
           const int h = cta.hk * cta.group + ks.head(s);
           const int64_t m = ks.m_of(s);
@@ -372,7 +378,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
           if (lane == 0) {
             const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
-            ptx::thread_bulk_reduce_add_f32(dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
+            ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
             ptx::thread_bulk_commit();
           }
         }
@@ -538,7 +544,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 #endif
 }
 
-// dq = the softmax scale times the dQ accumulator, un-permuted from fragment order: one CTA
+// dq = the softmax scale times the sum of the dQ slices, un-permuted from fragment order: one CTA
 // of 256 threads per (query tile, head, batch), one float4 (2 rows x 2 columns) per thread per pass.
 template <class T>
 __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
@@ -549,6 +555,7 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
   int64_t q0, sq;
   query_rows(p, b, &q0, &sq);
   if (int64_t(m) * BM >= sq) return;
+  const int64_t slice = int64_t(p.heads_q) * ws.tiles_per_head * BM * D;
   const float* acc = ws.dq_accum + (int64_t(h) * ws.tiles_per_head + tile_base(p, BM, b) + m) * BM * D;
   for (int e = int(threadIdx.x); e < BM * D / 4; e += 256) {
     const int c = e / 256, part = (e / 128) % 2, tid = e % 128;
@@ -558,7 +565,14 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
       row += 64 * part;
     else
       col += part * T::kDqN;
-    float4 v = *reinterpret_cast<const float4*>(acc + 4 * e);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < ws.splits; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(acc + s * slice + 4 * e);
+      v.x += x.x;
+      v.y += x.y;
+      v.z += x.z;
+      v.w += x.w;
+    }
     v.x *= p.scale;
     v.y *= p.scale;
     v.z *= p.scale;

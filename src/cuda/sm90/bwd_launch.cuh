@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "cuda/backward.h"
@@ -49,17 +51,24 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   BwdWorkspace& ws = P.ws;
   ws.tile_m = BM;
   ws.tiles_per_head = tiles_per_head(p, BM);
-  // Deterministic mode: the same grid, and the key tiles that visit a query tile add their dQ into
-  // it one after another, in key-tile order, each waiting for its turn (a counter per dQ tile, and
-  // per column half at d = 256; bwd_kernel.cuh). The counters follow the dQ accumulator and are
-  // zeroed with it.
-  const bool ordered = p.deterministic;
+  // Deterministic mode (the kernels' headers explain both orders):
+  //   ordered (default): the default grid; the key tiles that visit a query tile add their dQ
+  //     into it one after another, in key-tile order, each waiting for its turn;
+  //   slices (FLASHATTN_BWD_DETERMINISM=slices): `splits` CTAs per (KV head, batch), each with its
+  //     own dQ slice, summed by the convert kernel.
+  // UNMEASURED: both are kept until an H200 run picks one (branch det-ordered).
+  const char* det_env = std::getenv("FLASHATTN_BWD_DETERMINISM");
+  const bool ordered = p.deterministic && !(det_env != nullptr && std::string(det_env) == "slices");
+  ws.splits = p.deterministic && !ordered ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
-  const size_t accum_bytes = size_t(rows) * kTileDim * 4;
+  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kTileDim * 4;
   const size_t turn_bytes = ordered ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
   const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes + turn_bytes, stream);
-  start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
-  if (ordered) ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
+  start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
+  if (ordered) {
+    ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
+    check(cudaMemsetAsync(ws.dq_turn, 0, turn_bytes, stream), "cudaMemsetAsync (dq turns)");
+  }
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
   // The ordered deterministic mode is its own instantiation: its turn-taking code would otherwise
@@ -76,8 +85,9 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
                                 : (ordered ? pick(No{}, Yes{}) : pick(No{}, No{}));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
-  if (n_blocks > 0) {
-    kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(P);
+  const unsigned grid_x = unsigned(ws.splits > 1 || (p.deterministic && !ordered) ? ws.splits : n_blocks);
+  if (grid_x > 0) {
+    kernel<<<dim3(grid_x, unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(P);
     check_launch("flashattn backward kernel (Hopper path)");
   }
 

@@ -20,8 +20,10 @@
 // contiguous bytes per warp instruction): a 64 x 256 fp32 staging buffer does not fit beside K, V
 // and two stages of Q and dO. The workspace order is the d <= 128 kernel's, dQ split by columns, so
 // backward_convert_dq_kernel reads it unchanged.
-// Determinism: as in bwd_kernel.cuh, with a turn per warpgroup half of a dQ tile (two counters
-// per tile).
+// Determinism: ordered (the default deterministic mode) as in bwd_kernel.cuh, per warpgroup half
+// of a dQ tile (two turn counters per tile). With slices, each dQ element of a CTA's slice is added
+// by one thread (the fragment layout fixes which) in program order, so with one slice per split
+// the order of every element's additions is fixed, with no waiting.
 #pragma once
 
 #include <cuda.h>
@@ -102,6 +104,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int key_a = 16 * warp + g;
   const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
+  const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
+  float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
 
   // S^T (score) or dP^T (gradient): A = this warpgroup's K or V rows, K-major.
   const uint64_t kv_desc = ptx::make_smem_desc_sw128(cwg == 0 ? ring.k : ring.v, 16, 1024);
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     if constexpr (kOrdered) ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
     // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
     // address (immediate offsets, not one 64-bit address per instruction).
-    float* dst = ws.dq_accum + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
+    float* dst = slice + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
 #pragma unroll
     for (int c = 0; c < H / 8; ++c)
       ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
