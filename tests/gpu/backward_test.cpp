@@ -316,28 +316,24 @@ Case deterministic_case(int64_t d) {
 }
 
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
-  // Both deterministic orders of the Hopper path (FLASHATTN_BWD_DETERMINISM: ordered turns by
-  // default, or split slices) until a measurement picks one.
-  for (const char* order : {static_cast<const char*>(nullptr), "slices"}) {
-    for (int64_t d : {64, 128, 256})
-      on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
-        ScopedEnv det_order("FLASHATTN_BWD_DETERMINISM", order);
-        SCOPED_TRACE(order != nullptr ? order : "ordered");
-        const Case c = deterministic_case(d);
-        SCOPED_TRACE(describe(c));
-        Problem pr(c, 401);
-        pr.forward();
+  // The Hopper path's two orders: split slices (causal, d = 64) and turns (the rest).
+  for (auto [d, causal] : {std::pair<int64_t, bool>{64, true}, {64, false}, {128, true}, {256, true}})
+    on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
+      Case c = deterministic_case(d);
+      c.causal = causal;
+      SCOPED_TRACE(describe(c));
+      Problem pr(c, 401);
+      pr.forward();
+      pr.backward();
+      expect_path(c, portable);
+      std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+      for (int run = 0; run < 50; ++run) {
         pr.backward();
-        expect_path(c, portable);
-        std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
-        for (int run = 0; run < 50; ++run) {
-          pr.backward();
-          ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
-          ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
-          ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
-        }
-      });
-  }
+        ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
+        ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
+        ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
+      }
+    });
 }
 
 // The deterministic paths are also within the accuracy rule, including a left window, where the
@@ -357,7 +353,7 @@ TEST_F(GpuBackward, DeterministicModeWithinTheRule) {
 }
 
 // One head's key tiles outnumber what the GPU holds at once (24000 keys: 188 key tiles of 128 at
-// d=64, one CTA per SM): key tiles wait for turns of CTAs that are not resident yet, and the ordered
+// d=128, one CTA per SM): key tiles wait for turns of CTAs that are not resident yet, and the ordered
 // mode must still finish (lower key tiles start first, and a key tile only ever waits for lower
 // ones), repeat bitwise, and agree with the default mode to rounding.
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
@@ -365,7 +361,7 @@ TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
     Case c;
     c.heads_q = c.heads_kv = 1;
     c.seqlen_q = c.seqlen_k = 24000;
-    c.head_dim = 64;
+    c.head_dim = 128;
     c.causal = causal;
     SCOPED_TRACE(describe(c));
     Problem fast(c, 410);

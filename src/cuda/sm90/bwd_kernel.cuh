@@ -28,7 +28,7 @@
 // dQ tile only when the key tiles before this one (of those visiting the query tile,
 // core::first_key_tile_seeing) have added theirs, waits for its addition to complete and passes
 // the turn (a counter per dQ tile in the workspace). In this mode key tiles walk their query tiles
-// downward (KeySteps), so they reach each dQ tile in turn order rather than waiting. With slices (FLASHATTN_BWD_DETERMINISM=slices)
+// downward (KeySteps), so they reach each dQ tile in turn order rather than waiting. With slices (bwd_launch.cuh picks the order)
 // the grid has `splits` CTAs per (KV head, batch), each with its
 // own dQ slice; a CTA's key tiles add into its slice in order (the writer waits for one key tile's
 // adds to complete before the next tile's), so each element's additions have a fixed order.

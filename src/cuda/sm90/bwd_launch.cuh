@@ -4,8 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "cuda/backward.h"
@@ -51,24 +49,25 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   BwdWorkspace& ws = P.ws;
   ws.tile_m = BM;
   ws.tiles_per_head = tiles_per_head(p, BM);
-  // Deterministic mode (the kernels' headers explain both orders):
-  //   ordered (default): the default grid; the key tiles that visit a query tile add their dQ
-  //     into it one after another, in key-tile order, each waiting for its turn;
-  //   slices (FLASHATTN_BWD_DETERMINISM=slices): `splits` CTAs per (KV head, batch), each with its
-  //     own dQ slice, summed by the convert kernel.
-  // UNMEASURED: both are kept until an H200 run picks one (branch det-ordered).
-  const char* det_env = std::getenv("FLASHATTN_BWD_DETERMINISM");
-  const bool ordered = p.deterministic && !(det_env != nullptr && std::string(det_env) == "slices");
+  // Deterministic mode, in one of two orders (the kernels' headers explain both):
+  //   ordered: the default grid; the key tiles that visit a query tile add their dQ into it one
+  //     after another, in key-tile order, each waiting for its turn;
+  //   slices: `splits` CTAs per (KV head, batch), each with its own dQ slice, summed by the
+  //     convert kernel.
+  // Slices for causal (right-bounded) masks at d <= 64, ordered elsewhere: the faster of the two
+  // on the H200 (bf16, 16k tokens, hidden 2048; deterministic / default at 2k and 8k): causal d=64
+  // slices 0.88 / 0.87 against ordered 0.85 / 0.82; non-causal d=64 0.83 / 0.84 against 0.88 / 0.92;
+  // d=128 causal 0.84 / 0.76 against 0.90 / 0.92, non-causal 0.74 / 0.78 against 0.88 / 0.94;
+  // d=256 0.51-0.61 against 0.60-0.77 (bench/results/h200_bwd_deterministic_2026-11-29.txt).
+  const bool ordered = p.deterministic && !(T::kHeadDim <= 64 && p.window_right >= 0);
   ws.splits = p.deterministic && !ordered ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kTileDim * 4;
+  // The turn counters follow the dQ accumulator and are zeroed with it.
   const size_t turn_bytes = ordered ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
   const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes + turn_bytes, stream);
-  start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
-  if (ordered) {
-    ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
-    check(cudaMemsetAsync(ws.dq_turn, 0, turn_bytes, stream), "cudaMemsetAsync (dq turns)");
-  }
+  start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
+  if (ordered) ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
   // The ordered deterministic mode is its own instantiation: its turn-taking code would otherwise
