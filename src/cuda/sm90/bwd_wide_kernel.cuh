@@ -119,9 +119,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   // dQ[:, half] (warpgroup_issue_dq) into workspace tile `tile` (query head, query tile), once it
   // landed. Ordered deterministic mode: each warpgroup's half of the tile takes its turn after the
   // key tiles before this one (from the first visiting query tile m). Thread 0 awaits the turn
-  // while the dQ product runs (await_turn); the turn passes once every thread's reductions are
-  // performed (fence, then the warpgroup's barrier), which pass_turn does after the next step's
-  // first product is issued, so the reductions' round trip overlaps the tensor cores.
+  // while the dQ product runs (await_turn); pass_turn passes it after the next step's first product
+  // is issued: the warpgroup's barrier orders every thread's reductions before thread 0's release
+  // (cumulative over what the barrier ordered before it, as CUTLASS's semaphore relies on), so no
+  // thread but thread 0 waits for its reductions to be performed.
   int* held = nullptr;  // ordered mode: the turn this warpgroup holds
   auto turn_of = [&](int tile) { return ws.dq_turn + 2 * int64_t(tile) + cwg; };
   auto await_turn = [&](int tile, int m, int n) {
@@ -131,7 +132,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   auto pass_turn = [&] {
     if constexpr (kOrdered) {
       if (held != nullptr) {
-        __threadfence();
         ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
         if (tid == 0) ptx::thread_pass_turn(held);
         held = nullptr;
