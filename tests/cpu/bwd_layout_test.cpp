@@ -43,7 +43,9 @@ TEST(BackwardLayout, KeyTilesVisitExactlyTheQueryTilesThatSeeThem) {
 }
 
 // The deterministic backward's order: the key tiles that visit a query tile are consecutive, and
-// first_key_tile_seeing is the first of them.
+// first_key_tile_seeing is the first of them. Walking their query tiles downward, key tile n
+// reaches query tile m after m_end(n) - 1 - m steps, so later key tiles (later turns) never arrive
+// earlier: m_end is nondecreasing over the visitors.
 TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
   using flashattn::core::MaskSpec;
   for (auto [block_m, block_n] : {std::pair<int64_t, int64_t>{64, 128}, {128, 128}, {64, 64}})
@@ -52,15 +54,19 @@ TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
         const MaskSpec mask{sq, sk, wl, wr};
         const int64_t n_blocks = (sk + block_n - 1) / block_n;
         for (int64_t m = 0; m * block_m < sq; ++m) {
-          std::vector<int64_t> visitors;
+          std::vector<int64_t> visitors, m_ends;
           for (int64_t n = 0; n < n_blocks; ++n) {
             const auto t = flashattn::core::query_tiles_seeing(mask, n * block_n, std::min(sk, (n + 1) * block_n), block_m);
-            if (m >= t.m_begin && m < t.m_end) visitors.push_back(n);
+            if (m >= t.m_begin && m < t.m_end) {
+              visitors.push_back(n);
+              m_ends.push_back(t.m_end);
+            }
           }
           for (size_t i = 0; i < visitors.size(); ++i) {
             ASSERT_EQ(visitors[i], visitors[0] + int64_t(i)) << "sq " << sq << " sk " << sk << " window (" << wl << ", "
                                                                << wr << ") query tile " << m;
             EXPECT_EQ(flashattn::core::first_key_tile_seeing(mask, m, block_m, block_n), visitors[0]);
+            if (i > 0) EXPECT_GE(m_ends[i], m_ends[i - 1]) << "key tile " << visitors[i] << ", query tile " << m;
           }
         }
       }
