@@ -24,14 +24,15 @@
 //     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
 //     dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
-// Determinism, ordered (the default deterministic mode): the default grid; the writer adds a step's
-// dQ tile only when the key tiles before this one (of those visiting the query tile,
-// core::first_key_tile_seeing) have added theirs, waits for its addition to complete and passes
-// the turn (a counter per dQ tile in the workspace). In this mode key tiles walk their query tiles
-// downward (KeySteps), so they reach each dQ tile in turn order rather than waiting. With slices (bwd_launch.cuh picks the order)
-// the grid has `splits` CTAs per (KV head, batch), each with its
-// own dQ slice; a CTA's key tiles add into its slice in order (the writer waits for one key tile's
-// adds to complete before the next tile's), so each element's additions have a fixed order.
+// Determinism (bwd_launch.cuh picks one of two orders):
+//   ordered: the default grid; the writer adds a step's dQ tile only when the key tiles before
+//     this one (of those visiting the query tile, core::first_key_tile_seeing) have added theirs,
+//     waits for its addition to complete and passes the turn (a counter per dQ tile in the
+//     workspace). Key tiles walk their query tiles downward (KeySteps), so they reach each dQ tile
+//     in turn order rather than waiting.
+//   slices: the grid has `splits` CTAs per (KV head, batch), each with its own dQ slice; a CTA's
+//     key tiles add into its slice in order (the writer waits for one key tile's adds to complete
+//     before the next tile's), so each element's additions have a fixed order.
 #pragma once
 
 #include <cuda.h>
