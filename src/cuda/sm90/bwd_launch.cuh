@@ -59,8 +59,9 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // slices 0.88 / 0.87 against ordered 0.85 / 0.82; non-causal d=64 0.83 / 0.84 against 0.88 / 0.92;
   // d=128 causal 0.84 / 0.76 against 0.90 / 0.92, non-causal 0.74 / 0.78 against 0.88 / 0.94;
   // d=256 0.51-0.61 against 0.60-0.77 (bench/results/h200_bwd_deterministic_2026-11-29.txt).
-  const bool ordered = p.deterministic && !(T::kHeadDim <= 64 && p.window_right >= 0);
-  ws.splits = p.deterministic && !ordered ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
+  const bool sliced = p.deterministic && T::kHeadDim <= 64 && p.window_right >= 0;
+  const bool ordered = p.deterministic && !sliced;
+  ws.splits = sliced ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
@@ -84,7 +85,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
                                 : (ordered ? pick(No{}, Yes{}) : pick(No{}, No{}));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
-  const unsigned grid_x = unsigned(ws.splits > 1 || (p.deterministic && !ordered) ? ws.splits : n_blocks);
+  const unsigned grid_x = unsigned(sliced ? ws.splits : n_blocks);
   if (grid_x > 0) {
     kernel<<<dim3(grid_x, unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(P);
     check_launch("flashattn backward kernel (Hopper path)");
