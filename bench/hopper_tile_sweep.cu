@@ -1,5 +1,5 @@
 // Times candidate tile shapes of the Hopper forward kernel (src/cuda/sm90/) on the anchor shapes
-// (bf16, 16k tokens, hidden 2048, s = 2k, 8k and 16k, causal and not), bypassing dispatch, so the
+// (bf16, 16k tokens, hidden 2048, s = 2k, 4k and 8k, causal and not), bypassing dispatch, so the
 // HopperFwdTile entries of src/cuda/tile_size.h rest on measurements. On a Hopper GPU machine:
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -I include -I src -DSWEEP_HDIM=128 bench/hopper_tile_sweep.cu src/cuda/sm90/tma.cpp -o hsweep128
@@ -29,17 +29,28 @@ void time_config(const fa::core::ForwardParams& p, bool causal, bool dynamic = f
 }
 
 int main() {
-  sweep::for_anchor_shapes(SWEEP_HDIM, {2048, 8192, 16384}, [](const fa::core::ForwardParams& p, bool causal) {
+  sweep::for_anchor_shapes(SWEEP_HDIM, {2048, 4096, 8192}, [](const fa::core::ForwardParams& p, bool causal) {
 #if SWEEP_HDIM == 64
     time_config<128, 3, 2, true>(p, causal, causal);
-    time_config<128, 3, 2, true, 2>(p, causal, causal);
-    time_config<128, 3, 2, false, 2>(p, causal, causal);
+    if (!causal) return;
+    time_config<64, 3, 2, true>(p, causal, causal);
+    time_config<64, 3, 4, true>(p, causal, causal);
+    time_config<128, 3, 3, true>(p, causal, causal);
+    time_config<64, 2, 4, true>(p, causal, causal);
+    time_config<128, 2, 2, true>(p, causal, causal);
 #elif SWEEP_HDIM == 128
     time_config<128, 2, 2, true>(p, causal, causal);
-    time_config<128, 2, 2, true, 2>(p, causal, causal);
+    time_config<64, 2, 4, true>(p, causal, causal);
+    time_config<96, 2, 3, true>(p, causal, causal);
+    time_config<128, 2, 2, true>(p, causal, !causal);
 #else
-    time_config<80, 2, 2, true>(p, causal, causal);
-    time_config<80, 2, 2, false>(p, causal, causal);
+    if (causal) {
+      time_config<80, 2, 2, false>(p, causal, causal);
+      time_config<64, 2, 2, false>(p, causal, causal);
+    } else {
+      time_config<80, 2, 2, true>(p, causal, causal);
+      time_config<64, 2, 2, true>(p, causal, causal);
+    }
 #endif
   });
   return 0;

@@ -6,6 +6,7 @@
 //   ./sweep128
 #include "sweep_common.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
+#include "cuda/tile_scheduler.h"
 
 #ifndef SWEEP_HDIM
 #define SWEEP_HDIM 128
@@ -13,34 +14,47 @@
 
 namespace fa = flashattn;
 
-template <int BN, int W, int MT, int ST, bool QR>
-void time_config(const fa::core::ForwardParams& p, bool causal) {
-  using T = fa::cuda::sm80::FwdTraits<SWEEP_HDIM, sweep::E, BN, W, MT, ST, QR>;
+// order: 0 = the scheduler's (longest first in L2 sections under a causal mask), 1 = query tiles
+// ascending within each head (FlashAttention-2's launch order).
+template <int BN, int W, int MT, int ST, bool QR, int MC = 1>
+void time_config(const fa::core::ForwardParams& p, bool causal, int order = 0) {
+  using T = fa::cuda::sm80::FwdTraits<SWEEP_HDIM, sweep::E, BN, W, MT, ST, QR, MC>;
   auto kernel = fa::cuda::sm80::forward_kernel<T, false>;
   SWEEP_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-  dim3 grid(unsigned((p.seqlen_q + T::kBlockM - 1) / T::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-  const double med = sweep::median_ms([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(p); }, 1);
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d warps=%d m_tiles=%d stages=%d q_regs=%d  %7.3f ms  %6.1f TFLOP/s\n",
-              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, W, MT, ST, int(QR), med, sweep::tflops(p, causal, med));
+  int l2 = 0;
+  SWEEP_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  fa::cuda::TileScheduler sched = fa::cuda::make_tile_scheduler(p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.batch,
+                                                                p.window_right, T::kBlockM, SWEEP_HDIM, 2, l2);
+  if (order == 1) sched.longest_first = false;
+  const unsigned grid = unsigned(sched.num_tiles());
+  const double med = sweep::median_ms([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(p, sched); }, 1);
+  std::printf("d=%d causal=%d s=%5ld  block_n=%3d warps=%d m_tiles=%d stages=%d q_regs=%d min_ctas=%d order=%d  %7.3f ms  %6.1f TFLOP/s\n",
+              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, W, MT, ST, int(QR), MC, order, med,
+              sweep::tflops(p, causal, med));
+}
+
+// Under a causal mask also in ascending order.
+template <int BN, int W, int MT, int ST, bool QR>
+void time_variants(const fa::core::ForwardParams& p, bool causal) {
+  time_config<BN, W, MT, ST, QR>(p, causal);
+  if (causal) time_config<BN, W, MT, ST, QR>(p, causal, 1);
 }
 
 int main() {
-  sweep::for_anchor_shapes(SWEEP_HDIM, {2048, 8192}, [](const fa::core::ForwardParams& pr, bool causal) {
+  sweep::for_anchor_shapes(SWEEP_HDIM, {2048, 4096, 8192, 16384}, [](const fa::core::ForwardParams& pr, bool causal) {
 #if SWEEP_HDIM == 64
-    time_config<64, 4, 2, 2, false>(pr, causal);
-    time_config<128, 4, 2, 2, false>(pr, causal);
-    time_config<128, 4, 1, 2, true>(pr, causal);
-#elif SWEEP_HDIM == 128
+    time_variants<64, 4, 2, 2, false>(pr, causal);
+    time_config<64, 4, 2, 2, true>(pr, causal);
+    time_config<64, 4, 2, 1, true>(pr, causal);
     time_config<64, 4, 1, 2, true>(pr, causal);
-    time_config<128, 8, 1, 2, false>(pr, causal);
+    time_config<64, 4, 1, 2, true, 4>(pr, causal);
+#elif SWEEP_HDIM == 128
+    time_variants<64, 4, 2, 1, false>(pr, causal);
     time_config<64, 4, 2, 2, false>(pr, causal);
-    time_config<128, 4, 1, 2, false>(pr, causal);
-    time_config<64, 8, 1, 2, true>(pr, causal);
 #else
+    time_variants<64, 4, 1, 1, false>(pr, causal);
+    time_config<64, 4, 1, 1, true>(pr, causal);
     time_config<64, 8, 1, 2, false>(pr, causal);
-    time_config<64, 4, 1, 2, false>(pr, causal);
-    time_config<32, 4, 1, 2, false>(pr, causal);
-    time_config<128, 8, 1, 2, false>(pr, causal);
 #endif
   });
   return 0;

@@ -17,19 +17,28 @@ struct PortableFwdTile {
   int block_n;
   int warps;
   int m_tiles;
-  int stages;  // K/V tiles in flight (cp.async ring)
+  int stages;  // K/V tiles in flight (cp.async ring); 1: K and V in separate groups (FlashAttention-2)
   bool q_in_regs;
+  int min_ctas = 1;  // CTAs per SM the registers are capped for (__launch_bounds__)
   constexpr int block_m() const { return 16 * warps * m_tiles; }
 };
 
-// Entries for sm90 come from bench/tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048,
-// s = 2k and 8k, causal and not; 2026-11-29), best median of each head dim's candidates:
-//   d=64:  block_n 64, 4 warps, 2 m-tiles (255-315 TFLOP/s) beat 1 m-tile (240-304); block_n 128
-//          was 1-2% faster non-causal and 2% slower causal;
-//   d=128: block_n 64, 4 warps, 2 m-tiles (275-354) beat 1 m-tile with 4 or 8 warps (239-318),
-//          once the lazy rescale (src/core/softmax_state.h) freed registers;
-//   d=256: block_n 64, 8 warps (226-297) beat block_n 32 (200-267) and 4 warps (225-270);
-//   3 stages never helped (the K/V ring is not the bottleneck).
+// Entries for sm90 come from bench/tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048; 2026-11-29,
+// bench/results/h200_portable_fwd_split_2026-11-29.txt), TFLOP/s at s = 2k / 4k / 8k / 16k:
+//   d=64:  block_n 64, 4 warps, 2 m-tiles, 2 stages: 304 / 315 / 321 / 324 (causal 257 / 282 / 300 /
+//          324). One stage (FlashAttention-2's schedule) 1-3% slower, block_n 128 1-5% slower causal;
+//          capping registers for 3 CTAs per SM spills (288 / 295 / 300 / 301), 8 warps of one m-tile
+//          258-272, 1 m-tile at 4 CTAs per SM 280-288; Q kept in registers 299-305;
+//   d=128: block_n 64, 4 warps, 2 m-tiles, one stage: 350 / 361 / 368 / 365 (causal 281 / 307 / 332 /
+//          330), 4-5% above the same tile on a two-stage ring (335 / 347 / 350 / 356): 64 KB instead
+//          of 96 KB; block_n 128 spills (245-254); 1 m-tile with Q in registers 313-322;
+//   d=256: block_n 64, 4 warps, one stage: 321 / 332 / 325 / 331 (causal 270 / 298 / 296 / 344); Q, K
+//          and V take 96 KB, so two CTAs share an SM (as FlashAttention-2 runs d=256 on Hopper). 8
+//          warps on a two-stage ring (192 KB, one CTA per SM) 302 / 308 / 320 / 323 (causal 241 / 275
+//          / 276 / 326); 8 warps on one stage 300-313; block_n 32 292-304; Q in registers 270-287;
+//   the tile scheduler's longest-first order beat query tiles ascending under a causal mask by up
+//   to 15% at 16k (d=256 344 against 299) and was within 1-2% elsewhere; letting a warp skip a
+//   diagonal tile its rows cannot see was within 1% at d <= 128 and cost d=256 8-12% (registers).
 // Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
 template <int kArch>
 constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
@@ -38,10 +47,10 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
     switch (head_dim) {
       case 32:  return {64, 4, 2, 2, false};   // as d=64
       case 64:  return {64, 4, 2, 2, false};   // measured best; O 64 + S 64 regs, no spill
-      case 96:  return {64, 4, 2, 2, false};   // as d=128
-      case 128: return {64, 4, 2, 2, false};   // measured best; block_m 128, O 128 + S 64 regs
-      case 192: return {64, 8, 1, 2, false};   // as d=256
-      default:  return {64, 8, 1, 2, false};   // 256: measured best; smem Q 64 + 2x2x32 KB = 192 KB
+      case 96:  return {64, 4, 2, 1, false};   // as d=128
+      case 128: return {64, 4, 2, 1, false};   // measured best; block_m 128, O 128 + S 64 regs, 64 KB
+      case 192: return {64, 4, 1, 1, false};   // as d=256
+      default:  return {64, 4, 1, 1, false};   // 256: measured best; Q + K + V 96 KB: 2 CTAs per SM
     }
   } else {
     // sm80 build: fit 99 KB per block (sm86/sm89) so one binary serves all of Ampere and Ada

@@ -1,18 +1,19 @@
-// The Hopper forward's tile order (src/cuda/sm90/tile_scheduler.h) is plain host/device code: its
+// The GPU forward's tile order (src/cuda/tile_scheduler.h) is plain host/device code: its
 // promises are checked here, where CI runs. Every index maps to a distinct (query tile, head,
 // batch); without a right bound a head's query tiles are adjacent; with one, tiles come longest
-// first within each L2 section of heads, and sections cover the heads in order.
+// first within each L2 section of heads, and sections cover the heads in order; a section's K and
+// V fit in half the L2.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <tuple>
 
-#include "cuda/sm90/tile_scheduler.h"
+#include "cuda/tile_scheduler.h"
 
 namespace fa_test {
 namespace {
 
-using flashattn::cuda::sm90::TileScheduler;
+using flashattn::cuda::TileScheduler;
 
 TEST(TileScheduler, EveryTileExactlyOnce) {
   for (bool longest_first : {false, true})
@@ -57,6 +58,25 @@ TEST(TileScheduler, CausalOrderIsLongestFirstWithinSections) {
     }
     prev_m = mb;
   }
+}
+
+TEST(TileScheduler, SectionsFitHalfTheL2) {
+  const int l2 = 50 << 20;
+  // 2k keys at d=128 in bf16: 1 MB of K and V per head, so 25 heads per section.
+  TileScheduler s = flashattn::cuda::make_tile_scheduler(2048, 2048, 16, 16, 8, 0, 128, 128, 2, l2);
+  EXPECT_EQ(s.num_m_blocks, 16);
+  EXPECT_TRUE(s.longest_first);
+  EXPECT_EQ(s.section, 25);
+  // GQA: 4 query heads share each KV head's megabyte, so four times as many query heads fit.
+  EXPECT_EQ(flashattn::cuda::make_tile_scheduler(2048, 2048, 32, 8, 8, 0, 128, 128, 2, l2).section, 100);
+  // Never more than the (head, batch) pairs, never fewer than one, even when one head overflows.
+  EXPECT_EQ(flashattn::cuda::make_tile_scheduler(2048, 2048, 4, 4, 2, 0, 128, 128, 2, l2).section, 8);
+  EXPECT_EQ(flashattn::cuda::make_tile_scheduler(1 << 20, 1 << 20, 4, 4, 1, 0, 128, 256, 2, l2).section, 1);
+  // No right bound: the static order, one query tile past a partial end.
+  s = flashattn::cuda::make_tile_scheduler(1000, 3000, 8, 8, 2, -1, 128, 64, 2, l2);
+  EXPECT_FALSE(s.longest_first);
+  EXPECT_EQ(s.num_m_blocks, 8);
+  EXPECT_EQ(s.num_tiles(), 8 * 8 * 2);
 }
 
 }  // namespace

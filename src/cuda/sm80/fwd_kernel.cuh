@@ -18,11 +18,13 @@
 #include "core/softmax_state.h"
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/sm80/smem_tile.cuh"
+#include "cuda/tile_scheduler.h"
 #include "cuda/tile_size.h"
 
 namespace flashattn::cuda::sm80 {
 
-template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kMTiles_, int kStages_, bool kQInRegs_>
+template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kMTiles_, int kStages_, bool kQInRegs_,
+          int kMinCtas_ = 1>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -31,6 +33,7 @@ struct FwdTraits {
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kStages = kStages_;
   static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr int kMinCtas = kMinCtas_;  // CTAs per SM the registers are capped for
   static constexpr int kBlockM = 16 * kWarps * kMTiles;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
@@ -39,6 +42,10 @@ struct FwdTraits {
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
+  // One stage: FlashAttention-2's single-buffer schedule, K and V in separate cp.async groups (V(n)
+  // loads under S = Q K^T, K(n+1) under P V), for tiles whose shared memory must stay small enough
+  // for two CTAs per SM.
+  static constexpr bool kSplitKV = kStages == 1;
   static constexpr int kSmemBytes = (kTileQ + 2 * kStages * kTileKV) * int(sizeof(Element));
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "mma k16 steps");
 };
@@ -47,7 +54,8 @@ struct FwdTraits {
 // per-tile template branch: as run-time tests inside the tile loop the compiler if-converts them
 // into predicated code that costs issue slots on every tile.
 template <class T, bool kSoftcap>
-__global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_constant__ core::ForwardParams p) {
+__global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
+    forward_kernel(const __grid_constant__ core::ForwardParams p, const TileScheduler sched) {
   using E = typename T::Element;
   using Mma = ptx::Mma<E>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -56,10 +64,10 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
   E* sV = sK + T::kStages * T::kTileKV;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int h = blockIdx.y, b = blockIdx.z;
-  // With a right bound (causal), later query tiles see more keys: launching them first shortens
-  // the tail of the grid.
-  const int m_block = p.window_right >= 0 ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  // One CTA per tile index; under a right bound (causal) the longest tiles come first, so the
+  // short ones fill the tail of the grid (src/cuda/tile_scheduler.h).
+  int m_block, h, b;
+  sched.tile(int(blockIdx.x), &m_block, &h, &b);
 
   int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
   if (p.cu_seqlens_q != nullptr) {
@@ -108,26 +116,46 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
 
   if (!tiles.empty()) {
     block_load_tile<T, T::kBlockM>(sQ, q, p.q_s.row, rows_valid, chunks_valid);
-    auto load_kv = [&](int64_t n, int stage) {
+    auto load_k = [&](int64_t n, int stage) {
       int64_t key0 = n * T::kBlockN;
       int keys = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
       block_load_tile<T, T::kBlockN>(sK + stage * T::kTileKV, k + key0 * p.k_s.row, p.k_s.row, keys, chunks_valid);
+    };
+    auto load_v = [&](int64_t n, int stage) {
+      int64_t key0 = n * T::kBlockN;
+      int keys = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
       block_load_tile<T, T::kBlockN>(sV + stage * T::kTileKV, v + key0 * p.v_s.row, p.v_s.row, keys, chunks_valid);
     };
-    // Prologue: Q joins the first group; every stage's group is committed (empty past the end) so
-    // that "wait until kStages - 1 groups pend" always means "tile `it` has landed".
-#pragma unroll
-    for (int s = 0; s < T::kStages; ++s) {
-      if (tiles.n_begin + s < tiles.n_end) load_kv(tiles.n_begin + s, s);
+    if constexpr (T::kSplitKV) {
+      // Prologue: Q and the first K tile form one group.
+      load_k(tiles.n_begin, 0);
       ptx::thread_cp_async_commit();
+    } else {
+      // Prologue: Q joins the first group; every stage's group is committed (empty past the end)
+      // so that "wait until kStages - 1 groups pend" always means "tile `it` has landed".
+#pragma unroll
+      for (int s = 0; s < T::kStages; ++s) {
+        if (tiles.n_begin + s < tiles.n_end) {
+          load_k(tiles.n_begin + s, s);
+          load_v(tiles.n_begin + s, s);
+        }
+        ptx::thread_cp_async_commit();
+      }
     }
 
     uint32_t q_frag[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4];
     // One K/V tile: S = Q K^T, softmax, O += P V, then refill the stage.
     auto step = [&](int64_t n, int64_t it, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
-      ptx::thread_cp_async_wait<T::kStages - 1>();
-      __syncthreads();
+      if constexpr (T::kSplitKV) {
+        ptx::thread_cp_async_wait<0>();  // K(n) (and Q) landed, for this thread's copies
+        __syncthreads();                 // ...and everyone's; every warp is also done with V(n-1)
+        load_v(n, 0);                    // in flight under S = Q K^T and the softmax
+        ptx::thread_cp_async_commit();
+      } else {
+        ptx::thread_cp_async_wait<T::kStages - 1>();
+        __syncthreads();
+      }
       const int stage = int(it % T::kStages);
       const E* sKs = sK + stage * T::kTileKV;
       const E* sVs = sV + stage * T::kTileKV;
@@ -252,6 +280,13 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
           p_frag[mt][kk][3] = ptx::thread_pack2<E>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
         }
 
+      if constexpr (T::kSplitKV) {
+        ptx::thread_cp_async_wait<0>();  // V(n) landed
+        __syncthreads();                 // every warp is done with K(n): load K(n+1) under P V
+        if (n + 1 < tiles.n_end) load_k(n + 1, 0);
+        ptx::thread_cp_async_commit();
+      }
+
       // O += P V, V^T fragments via ldmatrix.trans, each reused by every m-tile.
 #pragma unroll
       for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
@@ -267,10 +302,15 @@ __global__ void __launch_bounds__(T::kThreads) forward_kernel(const __grid_const
         }
       }
 
-      // Every warp is done with this stage before it is refilled.
-      __syncthreads();
-      if (n + T::kStages < tiles.n_end) load_kv(n + T::kStages, stage);
-      ptx::thread_cp_async_commit();
+      if constexpr (!T::kSplitKV) {
+        // Every warp is done with this stage before it is refilled.
+        __syncthreads();
+        if (n + T::kStages < tiles.n_end) {
+          load_k(n + T::kStages, stage);
+          load_v(n + T::kStages, stage);
+        }
+        ptx::thread_cp_async_commit();
+      }
     };
     for (int64_t n = tiles.n_begin, it = 0; n < tiles.n_end; ++n, ++it) {
       if (tiles.needs_mask(n))

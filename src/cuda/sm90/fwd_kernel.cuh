@@ -1,6 +1,6 @@
 // The Hopper forward kernel (sm_90a): FlashAttention-3's design in our own CUDA C++.
 //
-// A persistent grid (src/cuda/sm90/tile_scheduler.h) whose CTAs walk (query tile, head, batch)
+// A persistent grid (src/cuda/tile_scheduler.h) whose CTAs walk (query tile, head, batch)
 // work tiles, with warp specialization:
 //   * warpgroup 0 is the producer: one elected thread issues TMA loads of the Q tile (once per work
 //     tile) and of K and V tiles into a ring of shared-memory stages, each completing on an
@@ -37,7 +37,7 @@
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/swizzle.cuh"
-#include "cuda/sm90/tile_scheduler.h"
+#include "cuda/tile_scheduler.h"
 
 namespace flashattn::cuda::sm90 {
 

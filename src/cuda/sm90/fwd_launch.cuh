@@ -36,14 +36,8 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
-  sm90::TileScheduler& s = P.sched;
-  s.num_m_blocks = int((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-  s.heads = int(p.heads_q);
-  s.batch = int(p.batch);
-  s.longest_first = p.window_right >= 0;
-  // Heads per L2 section: their K and V (shared by a GQA group) fill at most half the L2.
-  const double kv_bytes_per_head = 2.0 * double(p.seqlen_k) * kHeadDim * 2 / double(p.group());
-  s.section = int(std::max(1.0, std::min(double(s.heads) * s.batch, 0.5 * l2_bytes / std::max(kv_bytes_per_head, 1.0))));
+  const TileScheduler& s = P.sched = make_tile_scheduler(p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.batch,
+                                                         p.window_right, T::kBlockM, kHeadDim, 2, l2_bytes);
   const int64_t tiles = int64_t(s.num_m_blocks) * s.heads * s.batch;
   if (tiles == 0) return true;
   if (tiles > int64_t(INT32_MAX)) return false;  // tile indices are int: the portable path takes it

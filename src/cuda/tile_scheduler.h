@@ -1,6 +1,7 @@
-// The persistent tile scheduler of the Hopper forward: a grid of one CTA per SM walks the work
-// tiles (query tile, head, batch) with a static stride, so a CTA's producer loads the next tile's
-// K/V (and Q) while its consumers finish the current one, and no CTA pays a launch per tile.
+// The order of the forward's work tiles (query tile, head, batch), shared by both GPU paths: the
+// Hopper forward's persistent CTAs walk the tile indices (a static stride, or drawn from a
+// counter), and the portable forward launches one CTA per tile index (the hardware starts CTAs
+// in index order).
 //
 // Order of the tiles:
 //   * no right bound (non-causal): every tile costs the same; tiles of one head are adjacent (the
@@ -11,9 +12,11 @@
 // Heads vary fastest within a batch entry, so query heads that share a KV head (GQA) are adjacent.
 #pragma once
 
+#include <cstdint>
+
 #include "core/softmax_state.h"  // FA_HD
 
-namespace flashattn::cuda::sm90 {
+namespace flashattn::cuda {
 
 struct TileScheduler {
   int num_m_blocks = 0;  // query tiles per (head, batch entry)
@@ -41,4 +44,22 @@ struct TileScheduler {
   }
 };
 
-}  // namespace flashattn::cuda::sm90
+// The schedule of a forward call: longest first under a right bound, heads in sections whose K and
+// V (shared by a GQA group) fill at most half the L2 (l2_bytes), so the CTAs running at once still
+// find their K/V there.
+inline TileScheduler make_tile_scheduler(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
+                                         int64_t batch, int64_t window_right, int block_m, int head_dim,
+                                         int elem_bytes, int l2_bytes) {
+  TileScheduler s;
+  s.num_m_blocks = int((seqlen_q + block_m - 1) / block_m);
+  s.heads = int(heads_q);
+  s.batch = int(batch);
+  s.longest_first = window_right >= 0;
+  const double kv_bytes_per_head = 2.0 * double(seqlen_k) * head_dim * elem_bytes * double(heads_kv) / double(heads_q);
+  const double pairs = double(heads_q) * double(batch);
+  const double fit = 0.5 * double(l2_bytes) / (kv_bytes_per_head > 1.0 ? kv_bytes_per_head : 1.0);
+  s.section = int(fit < 1.0 ? 1.0 : (fit > pairs ? pairs : fit));
+  return s;
+}
+
+}  // namespace flashattn::cuda
