@@ -116,16 +116,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 
   if (!tiles.empty()) {
     block_load_tile<T, T::kBlockM>(sQ, q, p.q_s.row, rows_valid, chunks_valid);
-    auto load_k = [&](int64_t n, int stage) {
+    // Key tile n of K (or V) into a stage of sK (or sV).
+    auto load_keys = [&](E* dst, const E* src, int64_t row_stride, int64_t n, int stage) {
       int64_t key0 = n * T::kBlockN;
       int keys = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
-      block_load_tile<T, T::kBlockN>(sK + stage * T::kTileKV, k + key0 * p.k_s.row, p.k_s.row, keys, chunks_valid);
+      block_load_tile<T, T::kBlockN>(dst + stage * T::kTileKV, src + key0 * row_stride, row_stride, keys, chunks_valid);
     };
-    auto load_v = [&](int64_t n, int stage) {
-      int64_t key0 = n * T::kBlockN;
-      int keys = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
-      block_load_tile<T, T::kBlockN>(sV + stage * T::kTileKV, v + key0 * p.v_s.row, p.v_s.row, keys, chunks_valid);
-    };
+    auto load_k = [&](int64_t n, int stage) { load_keys(sK, k, p.k_s.row, n, stage); };
+    auto load_v = [&](int64_t n, int stage) { load_keys(sV, v, p.v_s.row, n, stage); };
     if constexpr (T::kSplitKV) {
       // Prologue: Q and the first K tile form one group.
       load_k(tiles.n_begin, 0);
