@@ -14,10 +14,10 @@
 
 namespace fa = flashattn;
 
-// block_n, warps, stages, key_warps_s, key_warps_kv, row_warps_q, min_ctas (PortableBwdTile).
-template <int BN, int W, int ST, int KS, int KKV, int RQ, int MC>
+// block_n, warps, stages, key_warps_s, key_warps_kv, row_warps_q, min_ctas, block_m (PortableBwdTile).
+template <int BN, int W, int ST, int KS, int KKV, int RQ, int MC, int BM = 64>
 void time_config(fa::core::BackwardParams p, bool causal) {
-  using T = fa::cuda::sm80::BwdTraits<SWEEP_HDIM, sweep::E, BN, W, ST, KS, KKV, RQ, MC>;
+  using T = fa::cuda::sm80::BwdTraits<SWEEP_HDIM, sweep::E, BN, W, ST, KS, KKV, RQ, MC, BM>;
   double ms[2];
   for (int det = 0; det < 2; ++det) {
     p.deterministic = det == 1;
@@ -26,9 +26,9 @@ void time_config(fa::core::BackwardParams p, bool causal) {
   auto tflops = [&](double t) {
     return fa::core::backward_flops(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, p.head_dim, causal) / (t * 1e-3) / 1e12;
   };
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d warps=%d stages=%d layout=%d/%d/%d min_ctas=%d"
+  std::printf("d=%d causal=%d s=%5ld  block_n=%3d block_m=%3d warps=%d stages=%d layout=%d/%d/%d min_ctas=%d"
               "  %7.3f ms %6.1f TFLOP/s  deterministic %7.3f ms %6.1f\n",
-              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, W, ST, KS, KKV, RQ, MC, ms[0],
+              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, BM, W, ST, KS, KKV, RQ, MC, ms[0],
               tflops(ms[0]), ms[1], tflops(ms[1]));
 }
 
@@ -50,10 +50,10 @@ int main() {
     p.do_s = p.dq_s = p.dk_s = p.dv_s = p.q_s;
 #if SWEEP_HDIM == 64
     time_config<128, 8, 2, 4, 4, 2, 1>(p, causal);
-    time_config<128, 8, 2, 8, 8, 4, 1>(p, causal);
-    time_config<64, 8, 2, 4, 4, 2, 2>(p, causal);
-    time_config<64, 4, 2, 2, 2, 2, 2>(p, causal);
-    time_config<128, 8, 2, 4, 4, 2, 2>(p, causal);
+    // 128 query rows per step (FlashAttention-2's d=64 backward: 128 x 128 on 8 warps).
+    time_config<128, 8, 2, 4, 4, 2, 1, 128>(p, causal);
+    time_config<128, 8, 2, 8, 4, 4, 1, 128>(p, causal);
+    time_config<128, 8, 1, 4, 4, 2, 1, 128>(p, causal);
 #elif SWEEP_HDIM == 128
     time_config<128, 8, 2, 4, 4, 2, 1>(p, causal);
     time_config<128, 8, 2, 8, 8, 4, 1>(p, causal);

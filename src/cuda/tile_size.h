@@ -94,6 +94,7 @@ struct PortableBwdTile {
   int key_warps_kv;
   int row_warps_q;
   int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
+  int block_m = 64;  // query rows per step
 };
 
 template <int kArch>

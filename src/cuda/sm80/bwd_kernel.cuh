@@ -19,7 +19,7 @@
 //
 // Warp layouts (tile_size.h picks them): phase 1 (S^T, dP^T) puts kKeyWarpsS warps along the keys
 // and the rest along the queries, phase 2 (dV, dK) kKeyWarpsKV along the keys and the rest along
-// the head dim, phase 3 (dQ) kRowWarpsQ along the 64 query rows and the rest along the head dim. A
+// the head dim, phase 3 (dQ) kRowWarpsQ along the kBlockM query rows and the rest along the head dim. A
 // warp owning 32 rows (two m16 tiles) reuses each B fragment it reads from shared memory twice,
 // which is what bounds this kernel (ncu on the H200, d=128: shared memory 66% busy, tensor pipe
 // 31%). P^T and dS^T pass between phases through shared memory as 16-bit values, as
@@ -41,7 +41,7 @@
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -50,7 +50,7 @@ struct BwdTraits {
   static constexpr int kStages = kStages_;  // Q/dO tiles in flight
   static constexpr int kMinCtas = kMinCtas_;  // CTAs per SM the registers are capped for
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockM = 64;  // query rows per step
+  static constexpr int kBlockM = kBlockM_;  // query rows per step
   static constexpr int kKeyWarpsS = kKeyWarpsS_, kKeyWarpsKV = kKeyWarpsKV_, kRowWarpsQ = kRowWarpsQ_;
   static constexpr int kRowsS = kBlockN / kKeyWarpsS;                 // keys of S^T per warp
   static constexpr int kColsS = kBlockM / (kWarps / kKeyWarpsS);      // queries of S^T per warp
@@ -69,6 +69,7 @@ struct BwdTraits {
   static_assert(kWarps % kKeyWarpsS == 0 && kWarps % kKeyWarpsKV == 0 && kWarps % kRowWarpsQ == 0,
                 "warp layouts must tile the CTA");
   static_assert(kRowsS % 16 == 0 && kRowsKV % 16 == 0 && kRowsQ % 16 == 0, "warps own whole m16 tiles");
+  static_assert(kBlockM <= kThreads, "one thread per query row loads the step's lse and delta");
   static_assert(kColsS % 16 == 0 && kColsKV % 16 == 0 && kColsQ % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
 };
 
