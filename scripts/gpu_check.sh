@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build, GPU tests against the fp64 reference, compute-sanitizer on a
 # reduced set, and the side-by-side benchmark. Logs go to $OUT (the device tool brings them back).
-#   scripts/gpu_check.sh [build|test|sanitize|bench]...   (default: all four, in that order)
+#   scripts/gpu_check.sh [build|test|sanitize|bench|sweep]...   (default: the first four, in order)
 # Environment (exported, so this script sees it): ARCHS (default 90a), HDIMS, DTYPES,
 # TEST_FILTER (gtest filter of the test step), BENCH_ARGS (passed to bench/sdpa_compare.py),
 # SAN_FILTER (gtest filter for the sanitizer pass), SAN_TOOLS (default "memcheck racecheck";
-# synccheck checks barrier use).
+# synccheck checks barrier use), SWEEPS (the tile sweeps of the sweep step, default
+# "tile_sweep hopper_tile_sweep bwd_tile_sweep") and SWEEP_HDIMS (default "64 128 256"). The sweep
+# step needs a configured build (the build step) for the generated headers.
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT"
@@ -40,6 +42,30 @@ for step in "${steps[@]}"; do
     bench)
       PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --lib $BUILD/libflashattn.so --json "$OUT/bench.json" ${BENCH_ARGS:-} \
         2>&1 | tee "$OUT/bench.log" || status=1
+      ;;
+    sweep)
+      # Every (sweep, head dim) binary compiles in parallel; they then run one after another.
+      bins=()
+      for sw in ${SWEEPS:-tile_sweep hopper_tile_sweep bwd_tile_sweep}; do
+        for d in ${SWEEP_HDIMS:-64 128 256}; do
+          extra=""
+          [ "$sw" = hopper_tile_sweep ] && extra=src/cuda/sm90/tma.cpp
+          nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I include -I src \
+            -I $BUILD/include -DSWEEP_HDIM=$d bench/$sw.cu $extra -o $BUILD/${sw}_$d > "$BUILD/${sw}_$d.log" 2>&1 &
+          bins+=("${sw}_$d")
+        done
+      done
+      wait
+      : > "$OUT/sweep.txt"
+      for b in "${bins[@]}"; do
+        if [ -x "$BUILD/$b" ]; then
+          "./$BUILD/$b" >> "$OUT/sweep.txt" 2>&1 || status=1
+        else
+          { echo "$b did not compile:"; head -5 "$BUILD/$b.log"; } >> "$OUT/sweep.txt"
+          status=1
+        fi
+      done
+      cat "$OUT/sweep.txt"
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
