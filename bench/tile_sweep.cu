@@ -23,8 +23,7 @@ void time_config(const fa::core::ForwardParams& p, bool causal, int order = 0) {
   SWEEP_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   int l2 = 0;
   SWEEP_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  fa::cuda::TileScheduler sched = fa::cuda::make_tile_scheduler(p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.batch,
-                                                                p.window_right, T::kBlockM, SWEEP_HDIM, 2, l2);
+  fa::cuda::TileScheduler sched = fa::cuda::make_tile_scheduler(p, T::kBlockM, l2);
   if (order == 1) sched.longest_first = false;
   const unsigned grid = unsigned(sched.num_tiles());
   const double med = sweep::median_ms([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(p, sched); }, 1);

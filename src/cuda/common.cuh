@@ -1,5 +1,5 @@
 // Host-side helpers shared by the CUDA launchers: error checking that turns CUDA failures into
-// flashattn::Error, and the device a call runs on.
+// flashattn::Error, the device a call runs on, and its attributes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +17,14 @@ inline void check(cudaError_t e, const char* what) {
 
 // Launch errors (bad configuration, too much shared memory) surface here, not at the next sync.
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// An attribute of the current device (the one a call's DeviceGuard made current).
+inline int current_device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
 
 // Makes `device_index` current for the duration of a call and restores the caller's device after.
 class DeviceGuard {

@@ -12,8 +12,7 @@
 // Heads vary fastest within a batch entry, so query heads that share a KV head (GQA) are adjacent.
 #pragma once
 
-#include <cstdint>
-
+#include "core/params.h"
 #include "core/softmax_state.h"  // FA_HD
 
 namespace flashattn::cuda {
@@ -44,19 +43,18 @@ struct TileScheduler {
   }
 };
 
-// The schedule of a forward call: longest first under a right bound, heads in sections whose K and
-// V (shared by a GQA group) fill at most half the L2 (l2_bytes), so the CTAs running at once still
-// find their K/V there.
-inline TileScheduler make_tile_scheduler(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
-                                         int64_t batch, int64_t window_right, int block_m, int head_dim,
-                                         int elem_bytes, int l2_bytes) {
+// The schedule of a forward call with query tiles of block_m rows: longest first under a right
+// bound, heads in sections whose K and V (shared by a GQA group; 16-bit elements, the GPU paths'
+// dtypes) fill at most half the L2 (l2_bytes), so the CTAs running at once still find their K/V
+// there.
+inline TileScheduler make_tile_scheduler(const core::ForwardParams& p, int block_m, int l2_bytes) {
   TileScheduler s;
-  s.num_m_blocks = int((seqlen_q + block_m - 1) / block_m);
-  s.heads = int(heads_q);
-  s.batch = int(batch);
-  s.longest_first = window_right >= 0;
-  const double kv_bytes_per_head = 2.0 * double(seqlen_k) * head_dim * elem_bytes * double(heads_kv) / double(heads_q);
-  const double pairs = double(heads_q) * double(batch);
+  s.num_m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
+  s.heads = int(p.heads_q);
+  s.batch = int(p.batch);
+  s.longest_first = p.window_right >= 0;
+  const double kv_bytes_per_head = 2.0 * double(p.seqlen_k) * double(p.head_dim) * 2 / double(p.group());
+  const double pairs = double(p.heads_q) * double(p.batch);
   const double fit = 0.5 * double(l2_bytes) / (kv_bytes_per_head > 1.0 ? kv_bytes_per_head : 1.0);
   s.section = int(fit < 1.0 ? 1.0 : (fit > pairs ? pairs : fit));
   return s;

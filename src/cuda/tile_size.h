@@ -19,7 +19,6 @@ struct PortableFwdTile {
   int m_tiles;
   int stages;  // K/V tiles in flight (cp.async ring); 1: K and V in separate groups (FlashAttention-2)
   bool q_in_regs;
-  int min_ctas = 1;  // CTAs per SM the registers are capped for (__launch_bounds__)
   constexpr int block_m() const { return 16 * warps * m_tiles; }
 };
 

@@ -60,20 +60,35 @@ TEST(TileScheduler, CausalOrderIsLongestFirstWithinSections) {
   }
 }
 
+// A forward call's shape, as the builder reads it.
+flashattn::core::ForwardParams shape(int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t batch, int64_t window_right,
+                                     int64_t d) {
+  flashattn::core::ForwardParams p;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.batch = batch;
+  p.window_right = window_right;
+  p.head_dim = d;
+  return p;
+}
+
 TEST(TileScheduler, SectionsFitHalfTheL2) {
+  using flashattn::cuda::make_tile_scheduler;
   const int l2 = 50 << 20;
   // 2k keys at d=128 in bf16: 1 MB of K and V per head, so 25 heads per section.
-  TileScheduler s = flashattn::cuda::make_tile_scheduler(2048, 2048, 16, 16, 8, 0, 128, 128, 2, l2);
+  TileScheduler s = make_tile_scheduler(shape(2048, 2048, 16, 16, 8, 0, 128), 128, l2);
   EXPECT_EQ(s.num_m_blocks, 16);
   EXPECT_TRUE(s.longest_first);
   EXPECT_EQ(s.section, 25);
   // GQA: 4 query heads share each KV head's megabyte, so four times as many query heads fit.
-  EXPECT_EQ(flashattn::cuda::make_tile_scheduler(2048, 2048, 32, 8, 8, 0, 128, 128, 2, l2).section, 100);
+  EXPECT_EQ(make_tile_scheduler(shape(2048, 2048, 32, 8, 8, 0, 128), 128, l2).section, 100);
   // Never more than the (head, batch) pairs, never fewer than one, even when one head overflows.
-  EXPECT_EQ(flashattn::cuda::make_tile_scheduler(2048, 2048, 4, 4, 2, 0, 128, 128, 2, l2).section, 8);
-  EXPECT_EQ(flashattn::cuda::make_tile_scheduler(1 << 20, 1 << 20, 4, 4, 1, 0, 128, 256, 2, l2).section, 1);
+  EXPECT_EQ(make_tile_scheduler(shape(2048, 2048, 4, 4, 2, 0, 128), 128, l2).section, 8);
+  EXPECT_EQ(make_tile_scheduler(shape(1 << 20, 1 << 20, 4, 4, 1, 0, 256), 128, l2).section, 1);
   // No right bound: the static order, one query tile past a partial end.
-  s = flashattn::cuda::make_tile_scheduler(1000, 3000, 8, 8, 2, -1, 128, 64, 2, l2);
+  s = make_tile_scheduler(shape(1000, 3000, 8, 8, 2, -1, 64), 128, l2);
   EXPECT_FALSE(s.longest_first);
   EXPECT_EQ(s.num_m_blocks, 8);
   EXPECT_EQ(s.num_tiles(), 8 * 8 * 2);

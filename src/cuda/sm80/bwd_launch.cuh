@@ -18,10 +18,8 @@ namespace flashattn::cuda {
 template <class T>
 void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
   using Element = typename T::Element;
-  int device = 0, smem_optin = 0, sms = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int smem_optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   if (smem_optin < T::kSmemBytes)
     throw Error(Status::unsupported, "backward: head_dim " + std::to_string(p.head_dim) + " needs " +
                                          std::to_string(T::kSmemBytes / 1024) + " KB of shared memory per block, this GPU offers " +

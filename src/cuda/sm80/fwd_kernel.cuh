@@ -33,7 +33,9 @@ struct FwdTraits {
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kStages = kStages_;
   static constexpr bool kQInRegs = kQInRegs_;
-  static constexpr int kMinCtas = kMinCtas_;  // CTAs per SM the registers are capped for
+  // CTAs per SM the registers are capped for: a sweep knob (bench/tile_sweep.cu); the table's tiles
+  // leave it at 1 (capping spilled where tried).
+  static constexpr int kMinCtas = kMinCtas_;
   static constexpr int kBlockM = 16 * kWarps * kMTiles;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row

@@ -14,18 +14,13 @@ namespace flashattn::cuda {
 template <int kHeadDim, class Element, int kArch>
 void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
   constexpr PortableFwdTile tile = portable_fwd_tile<kArch>(kHeadDim);
-  using T = sm80::FwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.m_tiles, tile.stages, tile.q_in_regs,
-                            tile.min_ctas>;
+  using T = sm80::FwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.m_tiles, tile.stages, tile.q_in_regs>;
   auto kernel = p.softcap > 0.f ? sm80::forward_kernel<T, true> : sm80::forward_kernel<T, false>;
   // Above 48 KB a kernel must opt in to its dynamic shared memory.
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(forward, shared memory)");
-  int device = 0, l2_bytes = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
-  const TileScheduler sched = make_tile_scheduler(p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.batch,
-                                                  p.window_right, T::kBlockM, kHeadDim, int(sizeof(Element)), l2_bytes);
-  const int64_t tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
+  const TileScheduler sched = make_tile_scheduler(p, T::kBlockM, current_device_attribute(cudaDevAttrL2CacheSize));
+  const int64_t tiles = int64_t(sched.num_m_blocks) * sched.heads * sched.batch;
   if (tiles == 0) return;
   // Tile indices are int (one CTA each); reaching this needs about 2^38 query rows.
   if (tiles > int64_t(INT32_MAX))

@@ -42,9 +42,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
       !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN))
     return false;
 
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   BwdWorkspace& ws = P.ws;
   ws.tile_m = BM;

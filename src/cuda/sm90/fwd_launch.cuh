@@ -32,12 +32,9 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   // tensors, whose next sequence follows); one 64-row box per consumer warpgroup.
   P.tma_store = !varlen && sm90::encode_tma_sw128(&P.to, view(p.out, p.o_s, p.heads_q, false), 64);
 
-  int device = 0, num_sms = 0, l2_bytes = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
-  const TileScheduler& s = P.sched = make_tile_scheduler(p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.batch,
-                                                         p.window_right, T::kBlockM, kHeadDim, 2, l2_bytes);
+  const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
+  const TileScheduler& s = P.sched =
+      make_tile_scheduler(p, T::kBlockM, current_device_attribute(cudaDevAttrL2CacheSize));
   const int64_t tiles = int64_t(s.num_m_blocks) * s.heads * s.batch;
   if (tiles == 0) return true;
   if (tiles > int64_t(INT32_MAX)) return false;  // tile indices are int: the portable path takes it
