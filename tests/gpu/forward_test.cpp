@@ -225,6 +225,30 @@ TEST_F(GpuForward, ManyTilesPerCtaWithPingPong) {
   }
 }
 
+// Under a causal mask each consumer warpgroup of the Hopper path computes only the key tiles its
+// own rows see and skips the rest (taking their ping-pong turns): diagonals that end inside a
+// warpgroup's rows or between them, a left window (the last warpgroups also skip the lowest key
+// tiles), a diagonal offset by seqlen_k - seqlen_q, tiles whose last warpgroups hold no rows, and
+// more tiles than SMs (the ring runs on across work tiles).
+TEST_F(GpuForward, WarpgroupsSkipKeyTilesTheirRowsCannotSee) {
+  uint32_t seed = 380;
+  struct Shape {
+    int64_t d, sq, sk, window_left;
+  };
+  for (const Shape& sh : {Shape{64, 9000, 9000, 300}, Shape{64, 700, 1000, -1}, Shape{64, 1000, 700, -1},
+                          Shape{256, 1000, 1000, -1}, Shape{256, 300, 1111, 150}, Shape{128, 650, 650, 90}}) {
+    Case c;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.seqlen_q = sh.sq;
+    c.seqlen_k = sh.sk;
+    c.head_dim = sh.d;
+    c.causal = true;
+    c.window_left = sh.window_left;
+    check_case(c, seed++);
+  }
+}
+
 TEST_F(GpuForward, VarlenWithEmptySequences) {
   uint32_t seed = 400;
   for (bool causal : {false, true})

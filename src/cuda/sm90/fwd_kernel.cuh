@@ -14,6 +14,8 @@
 //     softmax of S_i runs while the P V product is still on the tensor cores, and O is rescaled
 //     after that product lands. Key tiles are visited from the last to the first, so the masked
 //     (diagonal) tiles of a causal row come first and the mask test is a uniform branch per tile.
+//   * each consumer warpgroup computes only the key tiles its own 64 rows see, and masks only its
+//     own boundary tiles; the tiles it skips it just releases (and takes their ping-pong turns).
 //   * ping-pong (kPingPong): the consumer warpgroups take turns issuing their GEMMs (named
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
 //     cores.
@@ -54,7 +56,7 @@ struct FwdParams {
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
-          int kQStages_ = 1>
+          int kQStages_ = 1, bool kOwnTiles_ = true>
 struct FwdTraits {
   using Element = Element_;
   // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
@@ -67,6 +69,9 @@ struct FwdTraits {
   static constexpr int kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr int kQStages = kQStages_;  // 2: the next tile's Q loads while this one runs
+  // Each consumer warpgroup visits only the key tiles its own rows see (else every tile of the
+  // work tile's range).
+  static constexpr bool kOwnTiles = kOwnTiles_;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
@@ -271,15 +276,38 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     const uint64_t q_desc = q_desc0 + uint64_t((qs * T::kQBytes) >> 4);
 
     // The mask in 32-bit registers (sequence lengths fit int32, as cu_seqlens do): each row's
-    // visible keys [key_lo, key_hi) and the key tiles that need no mask.
+    // visible keys [key_lo, key_hi).
     int key_lo[2], key_hi[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       key_lo[rr] = int(w.mask.lo(w.r0 + row_a + 8 * rr));
       key_hi[rr] = int(w.mask.hi(w.r0 + row_a + 8 * rr));
     }
-    const int nomask_begin = int(w.tiles.n_nomask_begin), nomask_end = int(w.tiles.n_nomask_end);
-    const int n_last = int(w.tiles.n_end) - 1;
+    // This warpgroup's own key tiles: its 64 rows may see fewer keys than the tile's rows together
+    // (under a causal mask the first warpgroups of a 192-row tile stop up to a key tile short of
+    // the last), so it computes only those, and only its own boundary tiles take the mask. Its
+    // tiles are consecutive in the producer's order (last key tile first): it skips the first
+    // own_first and those after own_first + own_count. Broadcast from lane 0, so the compiler sees
+    // warp-uniform loop bounds around the wgmmas (else ptxas serializes them).
+    int own_first = 0, own_count = count;
+    int nomask_begin = int(w.tiles.n_nomask_begin), nomask_end = int(w.tiles.n_nomask_end);
+    if constexpr (T::kOwnTiles) {
+      own_first = count;
+      own_count = 0;
+      const int rows_end = min(64 * cwg + 64, w.rows_valid);
+      if (rows_end > 64 * cwg) {
+        const core::TileRange own = core::tile_range(w.mask, w.r0 + 64 * cwg, w.r0 + rows_end, BN);
+        if (!own.empty()) {
+          own_first = int(w.tiles.n_end - own.n_end);
+          own_count = int(own.n_end - own.n_begin);
+          nomask_begin = int(own.n_nomask_begin);
+          nomask_end = int(own.n_nomask_end);
+        }
+      }
+      own_first = __shfl_sync(0xffffffffu, own_first, 0);
+      own_count = __shfl_sync(0xffffffffu, own_count, 0);
+    }
+    const int n_last = int(w.tiles.n_end) - 1 - own_first;  // this warpgroup's first key tile
 
     float o[T::kPvParts][T::kPvN / 2];
 #pragma unroll
@@ -381,65 +409,91 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     auto release = [&](uint64_t* empty) {
       if (tid == 0) ptx::thread_mbarrier_arrive(empty);
     };
+    // A key tile this warpgroup skips: it still takes its ping-pong turn (every warpgroup takes
+    // count + 1 per work tile, so the ring stays in step) and releases the tile's stages. It waits
+    // for the loads first: an arrival before the producer refilled the stage would count towards
+    // the stage's previous use, which the other warpgroups may still be reading.
+    auto skip = [&](int k) {  // k: the tile's position in the ring
+      turn_wait();
+      turn_pass();
+      if (tid == 0) {
+        const int stage = k % S;
+        const uint32_t phase = uint32_t(k / S) & 1u;
+        ptx::thread_mbarrier_wait(&k_full[stage], phase);
+        ptx::thread_mbarrier_arrive(&k_empty[stage]);
+        ptx::thread_mbarrier_wait(&v_full[stage], phase);
+        ptx::thread_mbarrier_arrive(&v_empty[stage]);
+      }
+    };
 
     if (count > 0) {
+      // Every warpgroup waits for Q, also one that computes nothing: its release of Q must count
+      // towards this tile's load.
       ptx::thread_mbarrier_wait(&q_full[qs], uint32_t(qt / T::kQStages) & 1u);
-      {
-        // Prologue: the first (last-in-order) key tile's scores and softmax; O is still empty.
-        const int stage = it % S;
-        float s[BN / 2];
-        ptx::thread_mbarrier_wait(&k_full[stage], uint32_t(it / S) & 1u);
-        turn_wait();
-        fence_operands();
-        issue_s(s, stage);
-        ptx::warpgroup_commit();
+      for (int i = 0; i < own_first; ++i) skip(it + i);
+      const int first = it + own_first;  // ring position of this warpgroup's first key tile
+      if (own_count == 0) {
+        turn_wait();  // the turn of the final P V
         turn_pass();
-        ptx::warpgroup_wait<0>();
-        ptx::thread_pin(s);
-        release(&k_empty[stage]);
-        float factor[2];
-        softmax(s, n_last, factor);
-        pack_p(s);
-      }
-      for (int i = 1; i < count; ++i) {
-        const int cur = it + i, prev = it + i - 1;
-        float s[BN / 2];
-        ptx::thread_mbarrier_wait(&k_full[cur % S], uint32_t(cur / S) & 1u);
-        turn_wait();
-        fence_operands();
-        issue_s(s, cur % S);
-        ptx::warpgroup_commit();
-        ptx::thread_mbarrier_wait(&v_full[prev % S], uint32_t(prev / S) & 1u);
-        issue_pv(prev % S);
-        ptx::warpgroup_commit();
-        turn_pass();
-        ptx::warpgroup_wait<1>();  // S_i landed; P_{i-1} V_{i-1} may still run
-        ptx::thread_pin(s);
-        release(&k_empty[cur % S]);
-        float factor[2];
-        softmax(s, n_last - i, factor);
-        ptx::warpgroup_wait<0>();
-        ptx::thread_pin(pf);
+      } else {
+        {
+          // Prologue: the first (last-in-order) key tile's scores and softmax; O is still empty.
+          const int stage = first % S;
+          float s[BN / 2];
+          ptx::thread_mbarrier_wait(&k_full[stage], uint32_t(first / S) & 1u);
+          turn_wait();
+          fence_operands();
+          issue_s(s, stage);
+          ptx::warpgroup_commit();
+          turn_pass();
+          ptx::warpgroup_wait<0>();
+          ptx::thread_pin(s);
+          release(&k_empty[stage]);
+          float factor[2];
+          softmax(s, n_last, factor);
+          pack_p(s);
+        }
+        for (int i = 1; i < own_count; ++i) {
+          const int cur = first + i, prev = first + i - 1;
+          float s[BN / 2];
+          ptx::thread_mbarrier_wait(&k_full[cur % S], uint32_t(cur / S) & 1u);
+          turn_wait();
+          fence_operands();
+          issue_s(s, cur % S);
+          ptx::warpgroup_commit();
+          ptx::thread_mbarrier_wait(&v_full[prev % S], uint32_t(prev / S) & 1u);
+          issue_pv(prev % S);
+          ptx::warpgroup_commit();
+          turn_pass();
+          ptx::warpgroup_wait<1>();  // S_i landed; P_{i-1} V_{i-1} may still run
+          ptx::thread_pin(s);
+          release(&k_empty[cur % S]);
+          float factor[2];
+          softmax(s, n_last - i, factor);
+          ptx::warpgroup_wait<0>();
+          ptx::thread_pin(pf);
 #pragma unroll
-        for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
-        release(&v_empty[prev % S]);
-        rescale_o(factor);
-        pack_p(s);
-      }
-      {
-        const int last = it + count - 1;
-        ptx::thread_mbarrier_wait(&v_full[last % S], uint32_t(last / S) & 1u);
-        turn_wait();
-        fence_operands();
-        issue_pv(last % S);
-        ptx::warpgroup_commit();
-        turn_pass();
-        ptx::warpgroup_wait<0>();
-        ptx::thread_pin(pf);
+          for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
+          release(&v_empty[prev % S]);
+          rescale_o(factor);
+          pack_p(s);
+        }
+        {
+          const int last = first + own_count - 1;
+          ptx::thread_mbarrier_wait(&v_full[last % S], uint32_t(last / S) & 1u);
+          turn_wait();
+          fence_operands();
+          issue_pv(last % S);
+          ptx::warpgroup_commit();
+          turn_pass();
+          ptx::warpgroup_wait<0>();
+          ptx::thread_pin(pf);
 #pragma unroll
-        for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
-        release(&v_empty[last % S]);
+          for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
+          release(&v_empty[last % S]);
+        }
       }
+      for (int k = first + own_count; k < it + count; ++k) skip(k);
       it += count;
       ++qt;
       release(&q_empty[qs]);  // this warpgroup's GEMMs are done with Q
