@@ -416,14 +416,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     auto skip = [&](int k) {  // k: the tile's position in the ring
       turn_wait();
       turn_pass();
-      if (tid == 0) {
-        const int stage = k % S;
-        const uint32_t phase = uint32_t(k / S) & 1u;
-        ptx::thread_mbarrier_wait(&k_full[stage], phase);
-        ptx::thread_mbarrier_arrive(&k_empty[stage]);
-        ptx::thread_mbarrier_wait(&v_full[stage], phase);
-        ptx::thread_mbarrier_arrive(&v_empty[stage]);
-      }
+      const int stage = k % S;
+      const uint32_t phase = uint32_t(k / S) & 1u;
+      ptx::thread_mbarrier_wait(&k_full[stage], phase);
+      release(&k_empty[stage]);
+      ptx::thread_mbarrier_wait(&v_full[stage], phase);
+      release(&v_empty[stage]);
     };
 
     if (count > 0) {
