@@ -428,6 +428,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       // Every warpgroup waits for Q, also one that computes nothing: its release of Q must count
       // towards this tile's load.
       ptx::thread_mbarrier_wait(&q_full[qs], uint32_t(qt / T::kQStages) & 1u);
+#pragma unroll 1
       for (int i = 0; i < own_first; ++i) skip(it + i);
       const int first = it + own_first;  // ring position of this warpgroup's first key tile
       if (own_count == 0) {
@@ -491,6 +492,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           release(&v_empty[last % S]);
         }
       }
+#pragma unroll 1
       for (int k = first + own_count; k < it + count; ++k) skip(k);
       it += count;
       ++qt;
