@@ -156,14 +156,14 @@ struct HopperFwdTile {
   bool ping_pong;
   bool dynamic;
   int q_stages;  // 2: the next tile's Q loads during this one's last steps (needs the O buffer)
-  // Each consumer warpgroup computes only the key tiles its own 64 rows see. Under a causal mask
-  // the first warpgroups of a tile stop a key tile short of the last where block_m > block_n
-  // (d=64: 192 x 128) or the tile's diagonal ends inside a key tile (d=256: 128 x 80). By the tile
-  // arithmetic, this cuts the keys computed past the diagonal at causal 2k from 18% to 6% at d=64
-  // and from 9% to 6% at d=256 (no change at d=128, 128 x 128). At d=64 and d=128 one kernel
-  // serves both entries, and the flag lowered its spills there (ptxas: d=64 200 -> 176 bytes,
-  // d=128 156 -> 136); the non-causal d=192/256 kernels do without, since without a right bound
-  // it skips nothing and spilled 60 -> 220 bytes at d=256.
+  // Each consumer warpgroup computes only the key tiles its own 64 rows see, and masks only its
+  // own boundary tiles. Under a causal mask the first warpgroups of a 192 x 128 tile (d=64) stop a
+  // key tile short of the last: by the tile arithmetic the keys computed past the diagonal at
+  // causal 2k drop from 18% to 6%. Measured on the H200 against main's kernel in one process
+  // (bench/ab_compare.py, bench/results/h200_hopper_fwd_own_tiles_2026-12-01.txt), at 2k / 4k / 8k /
+  // 16k: d=64 causal +10% / +9% / +5% / +7%, non-causal +2% / +3% / +4% / +1% (one kernel serves
+  // both; its main loop is 699 instructions against 732); d=128 +0-4% (no tile skipped at 128 x
+  // 128; the same kernel for both); causal d=256 (128 x 80) -1% to 0%, so d=192/256 do without.
   bool own_tiles;
 };
 
@@ -178,8 +178,8 @@ struct HopperFwdTile {
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
   if (head_dim <= 64) return {128, 3, 2, true, causal, 1, true};
   if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true};  // 96 and 128
-  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, causal};
-  return {80, 2, 2, !causal, causal, 1, causal};
+  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false};
+  return {80, 2, 2, !causal, causal, 1, false};
 }
 
 namespace flashattn::cuda {
