@@ -115,8 +115,6 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
   }
 }
 
-}  // namespace flashattn::cuda
-
 // Hopper forward (src/cuda/sm90/fwd_kernel.cuh): consumer_wgs warpgroups of 64 query rows each
 // (block_m = 64 * consumer_wgs) plus one producer warpgroup; K/V tiles of block_n keys in a ring
 // of `stages`. Per consumer thread: S block_n/2 fp32, P block_n/4 b32, O head_dim/2 fp32, within
@@ -181,8 +179,6 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
   if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false};
   return {80, 2, 2, !causal, causal, 1, false};
 }
-
-namespace flashattn::cuda {
 
 // Hopper backward (src/cuda/sm90/bwd_kernel.cuh): 128 keys per CTA (64 per consumer warpgroup,
 // dK + dV = d fp32 registers per thread) and block_m query rows per step (S^T and dP^T: block_m/2
