@@ -65,13 +65,13 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
   }
 }
 
-// Backward (src/cuda/sm80/bwd_kernel.cuh): block_n keys per CTA, 64 query rows per step. dK and dV
-// stay in registers: per thread 2 * block_n * head_dim / (32 * warps) fp32. Each query step moves
-// the Q/dO tiles and a 64 x head_dim fp32 dQ tile through L2 for 4 * 64 * block_n * head_dim matmul
-// FLOPs, so a wider block_n halves that traffic per FLOP (ncu on the H200: block_n 64 at d=128 ran
-// L2-bound at 67% of L2 throughput with 23% issue utilization, when dQ went out as scalar atomics).
-// Stages = Q/dO tiles in flight. Shared memory: K, V 2 * block_n * d + Q, dO 2 * stages * 64 * d +
-// P, dS 2 * block_n * 64 elements. Warp layouts of the three phases (a warp of 32 rows reads each
+// Backward (src/cuda/sm80/bwd_kernel.cuh): block_n keys per CTA, block_m query rows per step. dK
+// and dV stay in registers: per thread 2 * block_n * head_dim / (32 * warps) fp32. Each query step
+// moves the Q/dO tiles and a block_m x head_dim fp32 dQ tile through L2 for 4 * block_m * block_n *
+// head_dim matmul FLOPs, so a wider block_n halves that traffic per FLOP (ncu on the H200: block_n
+// 64 at d=128 ran L2-bound at 67% of L2 throughput with 23% issue utilization, when dQ went out as
+// scalar atomics). Stages = Q/dO tiles in flight. Shared memory: K, V 2 * block_n * d + Q, dO 2 *
+// stages * block_m * d + P, dS 2 * block_n * block_m elements. Warp layouts of the three phases (a warp of 32 rows reads each
 // shared-memory B fragment once for two m16 tiles): key_warps_s along the keys of S^T/dP^T,
 // key_warps_kv along the keys of dK/dV, row_warps_q along the query rows of dQ, the remaining warps
 // of each phase along the other side.
@@ -85,6 +85,10 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 //          on 4 warps at 2 CTAs per SM 205 / 223 | 137 / 144;
 //   d=256: 64 keys, 4/2/2: 173 / 188 | 121 / 127; 2/2/2 176 / 191 | 110 / 114 (kept 4/2/2 for the
 //          deterministic mode); 4/2/4 162 / 176; the old 4/4/4 158 / 171.
+// 128 query rows per step at d=64 (FlashAttention-2's 128 x 128 shape there; 2026-12-01, H200, the
+// same sweep, default | deterministic at 2k / 8k, non-causal then causal): 4/4/2 on 2 stages 198 /
+// 226 | 192 / 213, causal 148 / 207 | 141 / 191, against 64 rows 175 / 196 | 167 / 186, causal 132 /
+// 181; one stage 191 / 219; 8/4/4 192 / 214.
 struct PortableBwdTile {
   int block_n;
   int warps;
@@ -102,7 +106,7 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     // d=32 and d=96 take 4/4/4 (measured within 3% of 4/4/2 at d=128): with 4 warps along the head
     // dim, dQ would give each warp 8 or 24 columns, not whole ldmatrix.x4 pairs (unmeasured there).
     if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
-    if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1};   // measured best; dK+dV 64 regs; 32 + 32 + 32 = 96 KB
+    if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1, 128};  // measured best; dK+dV 64 regs; 32 + 64 + 64 = 160 KB
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
     if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1};  // measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB
     return {64, 8, 2, 4, 2, 2, 1};  // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs

@@ -45,7 +45,7 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   }
   const int64_t rows = p.total_q * p.heads_q;
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows * p.head_dim) * 4;
-  const size_t bytes = size_t(rows) * 8 + accum_bytes;
+  const size_t bytes = workspace_bytes(rows, accum_bytes);
   const WorkspaceMemory memory(bytes, stream);
   start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);

@@ -48,13 +48,30 @@
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/swizzle.cuh"
+#include "cuda/tile_scheduler.h"
 
 namespace flashattn::cuda::sm90 {
+
+// Which work tiles (key tile, KV head, batch entry) a CTA visits, in the same sequence for every
+// role (bwd_launch.cuh picks the order):
+//   per_head (deterministic mode with slices): the grid is (splits, KV heads, batch); CTA x takes
+//     key tiles x, x + splits, ... of its (KV head, batch entry), adding into its own dQ slice.
+//   else a 1-D grid over the indices of `order` (its num_m_blocks counts key tiles, its heads KV
+//     heads; under a right bound longest first, which for key tiles is the first one, n = 0): CTA
+//     x takes index x, then x + gridDim.x, ... (static), or, when `counter` is set, the next index
+//     the producer draws from it (dynamic: tiles differ in length, causal ones by up to the whole
+//     query length, and each CTA drawing its next one balances them across SMs).
+struct BwdSchedule {
+  TileScheduler order;
+  int* counter = nullptr;  // zeroed; dynamic index = gridDim.x + the count drawn before
+  bool per_head = false;
+};
 
 struct BwdParams {
   CUtensorMap tq, tk, tv, tdo;
   core::BackwardParams p;
   BwdWorkspace ws;
+  BwdSchedule sched;
 };
 
 template <int kHeadDim_, class Element_, int kBlockM_, int kStages_, int kDqBuffers_>
@@ -81,8 +98,11 @@ struct BwdTraits {
   static constexpr int kDqFullBarrier = 1;
   static constexpr int kDqEmptyBarrier = kDqFullBarrier + kDqBuffers;
   static constexpr int kDsBarrier = kDqEmptyBarrier + kDqBuffers;
-  // mbarriers: K/V full and empty, then Q full, dO full, Q/dO empty per stage.
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  // Roles that read the producer's drawn tile indices: the consumers and the dQ writer warp.
+  static constexpr int kTileReaders = 256 + 32;
+  // mbarriers: K/V full and empty, then Q full, dO full, Q/dO empty per stage, then the tile
+  // handoff's full and empty (2 slots each) and its two slots.
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages + 4) + 8;
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kDqBuffers * kDqBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK, dV accumulators: d/2 + d/2 fp32 per thread");
@@ -120,7 +140,13 @@ __device__ __forceinline__ KeySteps<kDown> key_steps(const core::MaskSpec& mask,
   return k;
 }
 
-// The CTA's KV head, batch entry and sequences, computed identically by every role.
+// One work tile: key tile n of (KV head hk, batch entry b).
+struct BwdTile {
+  int64_t n;
+  int hk, b;
+};
+
+// The work tile's KV head, batch entry and sequences, computed identically by every role.
 struct BwdCta {
   int hk, b, group;
   int64_t q0, k0, sq, sk;   // first query / key row (packed varlen tensors), sequence lengths
@@ -135,14 +161,16 @@ struct BwdRing {
   unsigned char *k, *v, *q, *dout;  // q, dout: kStages tiles each
   float *lse, *delta;               // [kStages][kBlockM]
   uint64_t *kv_full, *kv_empty, *q_full, *do_full, *qdo_empty;
+  uint64_t *tile_full, *tile_empty;  // [2] each: the dynamic schedule's handoff
+  int* tile_slot;                    // [2]
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 template <int BM, int BN>
-__device__ __forceinline__ BwdCta bwd_cta(const core::BackwardParams& p) {
+__device__ __forceinline__ BwdCta bwd_cta(const core::BackwardParams& p, int hk, int b) {
   BwdCta c;
-  c.hk = int(blockIdx.y);
-  c.b = int(blockIdx.z);
+  c.hk = hk;
+  c.b = b;
   c.group = int(p.heads_q / p.heads_kv);
   c.q0 = c.k0 = 0;
   c.sq = p.seqlen_q;
@@ -176,6 +204,9 @@ __device__ __forceinline__ BwdRing bwd_ring(unsigned char* at, float* rows) {
   r.q_full = r.kv_empty + 1;
   r.do_full = r.q_full + T::kStages;
   r.qdo_empty = r.do_full + T::kStages;
+  r.tile_full = r.qdo_empty + T::kStages;
+  r.tile_empty = r.tile_full + 2;
+  r.tile_slot = reinterpret_cast<int*>(r.tile_empty + 2);
   if (threadIdx.x == 0) {
     ptx::thread_mbarrier_init(r.kv_full, 1);
     ptx::thread_mbarrier_init(r.kv_empty, 2);  // one thread per consumer warpgroup
@@ -184,47 +215,111 @@ __device__ __forceinline__ BwdRing bwd_ring(unsigned char* at, float* rows) {
       ptx::thread_mbarrier_init(&r.do_full[s], 1);
       ptx::thread_mbarrier_init(&r.qdo_empty[s], 256);  // every consumer thread
     }
+    for (int s = 0; s < 2; ++s) {
+      ptx::thread_mbarrier_init(&r.tile_full[s], 1);
+      ptx::thread_mbarrier_init(&r.tile_empty[s], T::kTileReaders);
+    }
     ptx::thread_fence_mbarrier_init();
   }
   return r;
 }
 
-// The producer's loads (one elected thread): TMA loads of K and V per key tile, and per query step
-// of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout of
-// src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it.
+// Index of the CTA's j-th work tile (prev: the (j-1)-th). Dynamic schedule: the producer thread
+// (draw) takes it from the counter and publishes it in slot (j - 1) % 2; the other roles (every
+// thread of them) read it there, broadcast from lane 0 so the compiler sees a warp-uniform index.
+// The producer publishes every index it draws, the last (past the end) too, so all roles stop
+// together.
+__device__ __forceinline__ int next_tile_index(const BwdSchedule& s, const BwdRing& r, int j, int prev, bool draw) {
+  if (j == 0) return int(blockIdx.x);
+  if (s.counter == nullptr) return prev + int(gridDim.x);
+  const int k = j - 1, slot = k % 2;
+  const uint32_t phase = uint32_t(k / 2) & 1u;
+  int idx;
+  if (draw) {
+    idx = int(gridDim.x) + atomicAdd(s.counter, 1);
+    ptx::thread_mbarrier_wait(&r.tile_empty[slot], phase ^ 1u);
+    r.tile_slot[slot] = idx;
+    ptx::thread_mbarrier_arrive(&r.tile_full[slot]);
+  } else {
+    ptx::thread_mbarrier_wait(&r.tile_full[slot], phase);
+    idx = __shfl_sync(0xffffffffu, r.tile_slot[slot], 0);
+    ptx::thread_mbarrier_arrive(&r.tile_empty[slot]);
+  }
+  return idx;
+}
+
+// The work tile of schedule index idx; false past the last one.
+__device__ __forceinline__ bool tile_at(const BwdSchedule& s, int idx, BwdTile* t) {
+  if (s.per_head) {
+    t->n = idx;
+    t->hk = int(blockIdx.y);
+    t->b = int(blockIdx.z);
+    return idx < s.order.num_m_blocks;
+  }
+  if (idx >= s.order.num_tiles()) return false;
+  int m;
+  s.order.tile(idx, &m, &t->hk, &t->b);
+  t->n = s.order.longest_first ? s.order.num_m_blocks - 1 - m : m;
+  return true;
+}
+
+// The producer's loads of one work tile (one elected thread): TMA loads of K and V, and per query
+// step of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout
+// of src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it. kt and
+// it count the K/V tiles and the steps loaded so far (ring phases).
 template <class T, bool kDown>
-__device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdCta& c, const BwdRing& r) {
+__device__ __forceinline__ void thread_load_tile(const BwdParams& P, const BwdCta& c, const BwdRing& r, int64_t n,
+                                                 int& kt, int& it) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   const BwdWorkspace& ws = P.ws;
+  const int tma_b = c.varlen ? 0 : c.b;
+  const auto ks = key_steps<BM, BN, kDown>(c.mask, n, c.group);
+  if (ks.steps == 0) return;
+  const int key0 = int(c.k0 + n * BN);
+  ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
+  ptx::thread_mbarrier_arrive_expect_tx(r.kv_full, 2 * T::kKVBytes);
+  thread_tma_load_tile<BN, T::kColBlocks>(r.k, &P.tk, r.kv_full, key0, c.hk, tma_b);
+  thread_tma_load_tile<BN, T::kColBlocks>(r.v, &P.tv, r.kv_full, key0, c.hk, tma_b);
+  ++kt;
+  for (int s = 0; s < ks.steps; ++s, ++it) {
+    const int h = c.hk * c.group + ks.head(s);
+    const int64_t m = ks.m_of(s);
+    const int stage = it % S;
+    const int row = int(c.q0 + m * BM);
+    const int64_t w = (int64_t(h) * ws.tiles_per_head + c.tile0 + m) * BM;
+    ptx::thread_mbarrier_wait(&r.qdo_empty[stage], (uint32_t(it / S) & 1u) ^ 1u);
+    ptx::thread_mbarrier_arrive_expect_tx(&r.q_full[stage], T::kQBytes + BM * 4);
+    thread_tma_load_tile<BM, T::kColBlocks>(r.q + stage * T::kQBytes, &P.tq, &r.q_full[stage], row, h, tma_b);
+    ptx::thread_bulk_load(r.lse + stage * BM, ws.lse2 + w, BM * 4, &r.q_full[stage]);
+    ptx::thread_mbarrier_arrive_expect_tx(&r.do_full[stage], T::kQBytes + BM * 4);
+    thread_tma_load_tile<BM, T::kColBlocks>(r.dout + stage * T::kQBytes, &P.tdo, &r.do_full[stage], row, h, tma_b);
+    ptx::thread_bulk_load(r.delta + stage * BM, ws.delta + w, BM * 4, &r.do_full[stage]);
+  }
+}
+
+// The producer (one elected thread) over the CTA's work tiles. kWalk: the schedule's tile walk
+// (next_tile_index, tile_at); else the grid (key tiles, KV heads, batch) with key tiles
+// blockIdx.x, + gridDim.x, ... (a kernel that never walks keeps the lighter loop: the walk's
+// extra live values in this thread changed the whole kernel's register allocation).
+template <class T, bool kDown, bool kWalk>
+__device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdRing& r) {
+  constexpr int BM = T::kBlockM, BN = T::kBlockN;
   ptx::thread_prefetch_tensormap(&P.tq);
   ptx::thread_prefetch_tensormap(&P.tk);
   ptx::thread_prefetch_tensormap(&P.tv);
   ptx::thread_prefetch_tensormap(&P.tdo);
-  const int tma_b = c.varlen ? 0 : c.b;
   int kt = 0, it = 0;
-  for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, kDown>(c.mask, n, c.group);
-    if (ks.steps == 0) continue;
-    const int key0 = int(c.k0 + n * BN);
-    ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
-    ptx::thread_mbarrier_arrive_expect_tx(r.kv_full, 2 * T::kKVBytes);
-    thread_tma_load_tile<BN, T::kColBlocks>(r.k, &P.tk, r.kv_full, key0, c.hk, tma_b);
-    thread_tma_load_tile<BN, T::kColBlocks>(r.v, &P.tv, r.kv_full, key0, c.hk, tma_b);
-    ++kt;
-    for (int s = 0; s < ks.steps; ++s, ++it) {
-      const int h = c.hk * c.group + ks.head(s);
-      const int64_t m = ks.m_of(s);
-      const int stage = it % S;
-      const int row = int(c.q0 + m * BM);
-      const int64_t w = (int64_t(h) * ws.tiles_per_head + c.tile0 + m) * BM;
-      ptx::thread_mbarrier_wait(&r.qdo_empty[stage], (uint32_t(it / S) & 1u) ^ 1u);
-      ptx::thread_mbarrier_arrive_expect_tx(&r.q_full[stage], T::kQBytes + BM * 4);
-      thread_tma_load_tile<BM, T::kColBlocks>(r.q + stage * T::kQBytes, &P.tq, &r.q_full[stage], row, h, tma_b);
-      ptx::thread_bulk_load(r.lse + stage * BM, ws.lse2 + w, BM * 4, &r.q_full[stage]);
-      ptx::thread_mbarrier_arrive_expect_tx(&r.do_full[stage], T::kQBytes + BM * 4);
-      thread_tma_load_tile<BM, T::kColBlocks>(r.dout + stage * T::kQBytes, &P.tdo, &r.do_full[stage], row, h, tma_b);
-      ptx::thread_bulk_load(r.delta + stage * BM, ws.delta + w, BM * 4, &r.do_full[stage]);
+  if constexpr (kWalk) {
+    for (int j = 0, idx = 0;; ++j) {
+      idx = next_tile_index(P.sched, r, j, idx, true);
+      BwdTile tl;
+      if (!tile_at(P.sched, idx, &tl)) break;
+      const BwdCta c = bwd_cta<BM, BN>(P.p, tl.hk, tl.b);
+      if (tl.n < c.n_blocks) thread_load_tile<T, kDown>(P, c, r, tl.n, kt, it);
     }
+  } else {
+    const BwdCta c = bwd_cta<BM, BN>(P.p, int(blockIdx.y), int(blockIdx.z));
+    for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) thread_load_tile<T, kDown>(P, c, r, n, kt, it);
   }
 }
 
@@ -323,22 +418,27 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const BwdRing ring = bwd_ring<T>(smem, sdQ + NB * BM * D);
   __syncthreads();
 
-  const BwdCta cta = bwd_cta<BM, BN>(p);
-  const core::MaskSpec& mask = cta.mask;
   // Deterministic mode with slices (each split its own dQ slice) or ordered (turns per dQ tile).
-  const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
+  const bool sliced = P.sched.per_head;
   const int wg = int(threadIdx.x) / 128;
 
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     if (warp == 0 && ptx::warp_elect_one()) {
-      thread_load_steps<T, kOrdered>(P, cta, ring);
+      thread_load_steps<T, kOrdered, true>(P, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
       float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
-      for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+      for (int j = 0, idx = 0;; ++j) {
+        idx = next_tile_index(P.sched, ring, j, idx, false);
+        BwdTile tl;
+        if (!tile_at(P.sched, idx, &tl)) break;
+        const BwdCta cta = bwd_cta<BM, BN>(p, tl.hk, tl.b);
+        const core::MaskSpec& mask = cta.mask;
+        const int64_t n = tl.n;
+        if (n >= cta.n_blocks) continue;
         const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
         if constexpr (kOrdered) {
           // Key tile n adds into query tile m after the key tiles before it (from the first that
@@ -435,7 +535,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   };
 
   int kt = 0, it = 0;
-  for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+  for (int j = 0, idx = 0;; ++j) {
+    idx = next_tile_index(P.sched, ring, j, idx, false);
+    BwdTile tl;
+    if (!tile_at(P.sched, idx, &tl)) break;
+    const BwdCta cta = bwd_cta<BM, BN>(p, tl.hk, tl.b);
+    const core::MaskSpec& mask = cta.mask;
+    const int64_t n = tl.n;
+    if (n >= cta.n_blocks) continue;
     const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
     const int64_t key0 = n * BN;
     float dk[D / 2], dv[D / 2];
@@ -546,44 +653,64 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 }
 
 // dq = the softmax scale times the sum of the dQ slices, un-permuted from fragment order: one CTA
-// of 256 threads per (query tile, head, batch), one float4 (2 rows x 2 columns) per thread per pass.
+// of 256 threads per (query tile, head, batch). A thread's item is 8 columns of a pair of rows (r,
+// r + 8): the float4s c of the 4 threads t of one quad (g) of a warp, which lie side by side in
+// fragment order, so it reads 64 contiguous bytes and writes two 16-byte rows. Neighbouring
+// threads take neighbouring column chunks, so a warp writes whole rows (full sectors).
+// rows_16b: dq rows start on 16 bytes (else the row is written as 4-byte pairs).
 template <class T>
 __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
-                                                                  BwdWorkspace ws) {
+                                                                  BwdWorkspace ws, bool rows_16b) {
   using E = typename T::Element;
-  constexpr int BM = T::kBlockM, D = T::kHeadDim;
+  constexpr int BM = T::kBlockM, D = T::kHeadDim, kChunks = D / 8, kItems = BM / 2 * kChunks;
+  static_assert(kItems % 256 == 0, "whole passes of the CTA");
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   int64_t q0, sq;
   query_rows(p, b, &q0, &sq);
   if (int64_t(m) * BM >= sq) return;
   const int64_t slice = int64_t(p.heads_q) * ws.tiles_per_head * BM * D;
   const float* acc = ws.dq_accum + (int64_t(h) * ws.tiles_per_head + tile_base(p, BM, b) + m) * BM * D;
-  for (int e = int(threadIdx.x); e < BM * D / 4; e += 256) {
-    const int c = e / 256, part = (e / 128) % 2, tid = e % 128;
-    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-    int row = 16 * warp + g, col = 8 * c + 2 * t;
-    if (T::kDqSplitRows)
-      row += 64 * part;
-    else
-      col += part * T::kDqN;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < ws.splits; ++s) {
-      const float4 x = *reinterpret_cast<const float4*>(acc + s * slice + 4 * e);
-      v.x += x.x;
-      v.y += x.y;
-      v.z += x.z;
-      v.w += x.w;
-    }
-    v.x *= p.scale;
-    v.y *= p.scale;
-    v.z *= p.scale;
-    v.w *= p.scale;
-    const int64_t r = int64_t(m) * BM + row;
+  E* dq = static_cast<E*>(p.dq);
+#pragma unroll
+  for (int pass = 0; pass < kItems / 256; ++pass) {
+    const int item = pass * 256 + int(threadIdx.x);
+    const int cc = item % kChunks, rp = item / kChunks;  // column chunk, row pair
+    // Row pair rp: warpgroup part (split rows), warp, quad g; chunk cc: part (split columns), c.
+    const int part = T::kDqSplitRows ? rp / 32 : cc / (T::kDqN / 8);
+    const int c = T::kDqSplitRows ? cc : cc % (T::kDqN / 8);
+    const int warp = (rp / 8) % 4, g = rp % 8;
+    const float* src = acc + ((c * 2 + part) * 128 + 32 * warp + 4 * g) * 4;
+    float4 f[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) f[t] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < ws.splits; ++s)
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float4 x = *reinterpret_cast<const float4*>(src + s * slice + 4 * t);
+        f[t].x += x.x;
+        f[t].y += x.y;
+        f[t].z += x.z;
+        f[t].w += x.w;
+      }
+    const int col = 8 * cc;
     if (col >= p.head_dim) continue;
-    E* dq = static_cast<E*>(p.dq);
-    if (r < sq) *reinterpret_cast<uint32_t*>(dq + p.dq_s.offset(b, q0 + r, h) + col) = ptx::thread_pack2<E>(v.x, v.y);
-    if (r + 8 < sq)
-      *reinterpret_cast<uint32_t*>(dq + p.dq_s.offset(b, q0 + r + 8, h) + col) = ptx::thread_pack2<E>(v.z, v.w);
+    const int64_t r = int64_t(m) * BM + (T::kDqSplitRows ? 64 * part : 0) + 16 * warp + g;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (r + 8 * half >= sq) break;
+      uint32_t w[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        w[t] = half == 0 ? ptx::thread_pack2<E>(f[t].x * p.scale, f[t].y * p.scale)
+                         : ptx::thread_pack2<E>(f[t].z * p.scale, f[t].w * p.scale);
+      E* row = dq + p.dq_s.offset(b, q0 + r + 8 * half, h) + col;
+      if (rows_16b) {
+        *reinterpret_cast<uint4*>(row) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) reinterpret_cast<uint32_t*>(row)[t] = w[t];
+      }
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 // stream. Included only by the generated instantiation files (src/cuda/instantiations/bwd_hopper_*).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,12 +45,15 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
 
   const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  // Work tile indices are int (the dynamic draws run up to a grid past the last): beyond that the
+  // portable path takes the call.
+  if (n_blocks * p.heads_kv * p.batch > int64_t(INT32_MAX) - sms) return false;
   BwdWorkspace& ws = P.ws;
   ws.tile_m = BM;
   ws.tiles_per_head = tiles_per_head(p, BM);
   // Deterministic mode, in one of two orders (the kernels' headers explain both):
-  //   ordered: the default grid; the key tiles that visit a query tile add their dQ into it one
-  //     after another, in key-tile order, each waiting for its turn;
+  //   ordered: one CTA per work tile; the key tiles that visit a query tile add their dQ into it
+  //     one after another, in key-tile order, each waiting for its turn;
   //   slices: `splits` CTAs per (KV head, batch), each with its own dQ slice, summed by the
   //     convert kernel.
   // Slices for causal (right-bounded) masks at d <= 64, ordered elsewhere: the faster of the two
@@ -64,9 +68,37 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
   const size_t turn_bytes = ordered ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
-  const WorkspaceMemory memory(size_t(rows) * 8 + accum_bytes + turn_bytes, stream);
-  start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
-  if (ordered) ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
+  // The schedule (bwd_kernel.cuh). Work tiles in index order: longest first under a right bound,
+  // heads in sections whose Q, dO (16-bit) and dQ accumulator (fp32) fill at most half the L2, so
+  // the CTAs running at once share a few heads' query-side data.
+  //   * default mode, d <= 128: a persistent grid, one CTA per SM, each drawing its next tile from
+  //     a counter. Against one CTA per tile: H200, bf16, 16k tokens, hidden 2048, in one process
+  //     (bench/ab_compare.py; with the convert kernel's coalesced writes in both), ...
+  //   * the ordered deterministic mode: one CTA per tile, in index order, key tiles ascending (a
+  //     tile waits only for lower indices, which have started).
+  //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch)
+  //     (the per_head schedule; see that kernel for why).
+  //   * slices: their per-head grid, `splits` CTAs per (KV head, batch entry).
+  sm90::BwdSchedule& sched = P.sched;
+  sched.per_head = sliced || kWide;
+  TileScheduler& order = sched.order;
+  order.num_m_blocks = int(n_blocks);
+  order.heads = int(p.heads_kv);
+  order.batch = int(p.batch);
+  order.longest_first = !p.deterministic && p.window_right >= 0;
+  const double head_bytes = 8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group());
+  const double fit = 0.5 * double(current_device_attribute(cudaDevAttrL2CacheSize)) / head_bytes;
+  const double pairs = double(p.heads_kv) * double(p.batch);
+  order.section = int(fit < 1.0 ? 1.0 : (fit > pairs ? pairs : fit));
+  const int64_t tiles = sched.per_head ? n_blocks : int64_t(order.num_tiles());
+  const bool persistent = !kWide && !p.deterministic;
+  const bool dynamic = persistent && tiles > sms;
+  const size_t counter_bytes = dynamic ? 16 : 0;
+  const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + counter_bytes), stream);
+  start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes + counter_bytes, stream);
+  unsigned char* after_accum = reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes;
+  if (ordered) ws.dq_turn = reinterpret_cast<int*>(after_accum);
+  if (dynamic) sched.counter = reinterpret_cast<int*>(after_accum + turn_bytes);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
   // The ordered deterministic mode is its own instantiation: its turn-taking code would otherwise
@@ -83,13 +115,17 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
                                 : (ordered ? pick(No{}, Yes{}) : pick(No{}, No{}));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
-  const unsigned grid_x = unsigned(sliced ? ws.splits : n_blocks);
-  if (grid_x > 0) {
-    kernel<<<dim3(grid_x, unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(P);
+  const dim3 grid = sched.per_head ? dim3(unsigned(sliced ? ws.splits : n_blocks), unsigned(p.heads_kv), batch)
+                                   : dim3(unsigned(persistent ? std::min<int64_t>(tiles, sms) : tiles));
+  if (tiles > 0) {
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
     check_launch("flashattn backward kernel (Hopper path)");
   }
 
-  sm90::backward_convert_dq_kernel<T><<<dim3(unsigned((p.seqlen_q + BM - 1) / BM), hq, batch), 256, 0, stream>>>(p, ws);
+  const bool dq_rows_16b = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_s.batch % 8 == 0 &&
+                           p.dq_s.row % 8 == 0 && p.dq_s.head % 8 == 0;
+  sm90::backward_convert_dq_kernel<T>
+      <<<dim3(unsigned((p.seqlen_q + BM - 1) / BM), hq, batch), 256, 0, stream>>>(p, ws, dq_rows_16b);
   check_launch("flashattn backward dq conversion kernel");
   return true;
 }

@@ -62,7 +62,8 @@ struct WideBwdTraits {
   static constexpr int kPBarrier = 2;
   static constexpr int kDsBarrier = 3;
   static constexpr int kTurnBarrier = 4;  // + consumer warpgroup: its turn to add dQ (ordered mode)
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kTileReaders = 256;  // (unused: never on a drawn schedule)
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages + 4) + 8;  // as BwdTraits
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes + kDpBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
   static_assert(kHalf % 64 == 0, "a warpgroup's columns are whole 64-column blocks");
@@ -85,12 +86,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const BwdRing ring = bwd_ring<T>(smem, sdP + BN * BM);
   __syncthreads();
 
-  const BwdCta cta = bwd_cta<BM, BN>(p);
+  // The grid is (key tiles, KV heads, batch), the launcher's per_head schedule: the tile walk of
+  // the d <= 128 kernel (persistent CTAs, tiles decoded from an index) cost this kernel registers
+  // in its step loop (spill loads there, compiled here) and 7-10% of its speed on the H200.
+  const BwdCta cta = bwd_cta<BM, BN>(p, int(blockIdx.y), int(blockIdx.z));
   const core::MaskSpec& mask = cta.mask;
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_steps<T, kOrdered>(P, cta, ring);
+    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_steps<T, kOrdered, false>(P, ring);
     return;
   }
 

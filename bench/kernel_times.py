@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Where one call's GPU time goes: every kernel (and memset) of our backward or forward beside
+cuDNN's (PyTorch SDPA's CUDNN_ATTENTION backend), for one shape, from the PyTorch profiler
+(CUPTI's device timestamps of each kernel as it ran, no replay).
+
+For each side, `--calls` calls run after warm-up under the profiler; the table lists each kernel's
+device time per call (mean over the calls) and their sum. SDPA's backward through autograd adds
+the gradients into .grad (elementwise add kernels), which the anchors' timing includes; they are
+listed. Shapes follow the anchors: bf16, 16k tokens in total, hidden 2048.
+
+  python3 bench/kernel_times.py --lib build/libflashattn.so --d 64 --s 2048 --causal 1 --mode bwd
+  ncu --kernel-name regex:... python3 bench/kernel_times.py ... --calls 0   # counters instead
+"""
+import argparse
+import collections
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+from ab_compare import Problem, runner
+from flashattn_abi import load
+
+
+def device_events(prof):
+    """The profiler's device-side events (kernels, memsets, copies), in start order."""
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(evs, key=lambda e: e.time_range.start)
+
+
+def profile_calls(fn, calls):
+    """Device time per call of each kernel fn launches (mean over `calls` profiled calls)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    if calls == 0:  # under ncu, which takes CUPTI for itself: the warm-up calls are what it sees
+        return {}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel = collections.OrderedDict()
+    for e in device_events(prof):
+        per_kernel.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    return per_kernel
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default="build/libflashattn.so")
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--s", default="2048")
+    p.add_argument("--causal", default="0,1")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--mode", default="bwd", choices=("fwd", "bwd"))
+    p.add_argument("--calls", type=int, default=10)
+    a = p.parse_args()
+    lib = load(a.lib)
+    for causal in [int(x) for x in a.causal.split(",")]:
+        for s in [int(x) for x in a.s.split(",")]:
+            b, h, d = max(1, a.tokens // s), 2048 // a.d, a.d
+            prob = Problem(b, s, h, d, causal)
+            flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if a.mode == "bwd" else 1.0)
+            runner(lib, prob, "fwd")()
+            ours = runner(lib, prob, a.mode)
+            qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(a.mode == "bwd") for x in (prob.q, prob.k, prob.v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                if a.mode == "fwd":
+                    cudnn = fn
+                else:
+                    ref, g = fn(), torch.randn_like(qt)
+                    cudnn = lambda: ref.backward(g, retain_graph=True)
+                sides = {"ours": profile_calls(ours, a.calls), "cudnn": profile_calls(cudnn, a.calls)}
+            print(f"\n{a.mode} d={d} causal={causal} s={s} b={b} h={h}")
+            for side, per_kernel in sides.items() if a.calls > 0 else ():
+                total = sum(sum(v) for v in per_kernel.values()) / a.calls
+                print(f"  {side}: kernels {total:8.1f} us per call ({flops / total / 1e6:6.0f} TFLOP/s over their sum)")
+                for name, times in per_kernel.items():
+                    print(f"    {sum(times) / a.calls:8.1f} us  x{len(times) / a.calls:4.1f}  {name[:110]}")
+            del prob, qt, kt, vt
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
