@@ -1,8 +1,9 @@
 // The Hopper backward kernel (sm_90a): FlashAttention-3's backward in our own CUDA C++.
 //
-// One CTA per (key tile of kBlockN = 128 keys, KV head, batch) keeps K_j and V_j in shared memory
-// and dK_j, dV_j in registers, and streams the query tiles (kBlockM rows) of every query head that
-// shares the KV head, so GQA needs no reduction afterwards. Warp specialization:
+// A CTA works on one (key tile of kBlockN = 128 keys, KV head, batch) at a time, keeping K_j and V_j
+// in shared memory and dK_j, dV_j in registers, and streams the query tiles (kBlockM rows) of every
+// query head that shares the KV head, so GQA needs no reduction afterwards. In the default mode the
+// CTAs are persistent and draw their next work tile (BwdSchedule below). Warp specialization:
 //   * producer warpgroup, warp 0: one elected thread issues TMA loads of K and V (once per key
 //     tile) and, per query step, of Q and dO plus bulk copies of that tile's lse2 and delta rows
 //     (the tiled workspace layout of src/cuda/bwd_layout.h) into a ring of stages on mbarriers;
@@ -25,7 +26,7 @@
 //     dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
 // Determinism (bwd_launch.cuh picks one of two orders):
-//   ordered: the default grid; the writer adds a step's dQ tile only when the key tiles before
+//   ordered: one CTA per work tile; the writer adds a step's dQ tile only when the key tiles before
 //     this one (of those visiting the query tile, core::first_key_tile_seeing) have added theirs,
 //     waits for its addition to complete and passes the turn (a counter per dQ tile in the
 //     workspace). Key tiles walk their query tiles downward (KeySteps), so they reach each dQ tile
@@ -204,6 +205,7 @@ __device__ __forceinline__ BwdRing bwd_ring(unsigned char* at, float* rows) {
   r.q_full = r.kv_empty + 1;
   r.do_full = r.q_full + T::kStages;
   r.qdo_empty = r.do_full + T::kStages;
+  // The tile handoff, in kernels that draw their tiles (T::kTileReaders > 0).
   r.tile_full = r.qdo_empty + T::kStages;
   r.tile_empty = r.tile_full + 2;
   r.tile_slot = reinterpret_cast<int*>(r.tile_empty + 2);
@@ -215,10 +217,11 @@ __device__ __forceinline__ BwdRing bwd_ring(unsigned char* at, float* rows) {
       ptx::thread_mbarrier_init(&r.do_full[s], 1);
       ptx::thread_mbarrier_init(&r.qdo_empty[s], 256);  // every consumer thread
     }
-    for (int s = 0; s < 2; ++s) {
-      ptx::thread_mbarrier_init(&r.tile_full[s], 1);
-      ptx::thread_mbarrier_init(&r.tile_empty[s], T::kTileReaders);
-    }
+    if constexpr (T::kTileReaders > 0)
+      for (int s = 0; s < 2; ++s) {
+        ptx::thread_mbarrier_init(&r.tile_full[s], 1);
+        ptx::thread_mbarrier_init(&r.tile_empty[s], T::kTileReaders);
+      }
     ptx::thread_fence_mbarrier_init();
   }
   return r;
@@ -297,37 +300,77 @@ __device__ __forceinline__ void thread_load_tile(const BwdParams& P, const BwdCt
   }
 }
 
-// The producer (one elected thread) over the CTA's work tiles. kWalk: the schedule's tile walk
-// (next_tile_index, tile_at); else the grid (key tiles, KV heads, batch) with key tiles
-// blockIdx.x, + gridDim.x, ... (a kernel that never walks keeps the lighter loop: the walk's
-// extra live values in this thread changed the whole kernel's register allocation).
-template <class T, bool kDown, bool kWalk>
-__device__ __forceinline__ void thread_load_steps(const BwdParams& P, const BwdRing& r) {
-  constexpr int BM = T::kBlockM, BN = T::kBlockN;
+__device__ __forceinline__ void thread_prefetch_maps(const BwdParams& P) {
   ptx::thread_prefetch_tensormap(&P.tq);
   ptx::thread_prefetch_tensormap(&P.tk);
   ptx::thread_prefetch_tensormap(&P.tv);
   ptx::thread_prefetch_tensormap(&P.tdo);
+}
+
+// The producer (one elected thread) over the CTA's work tiles: the schedule's walk
+// (next_tile_index, tile_at).
+template <class T, bool kDown>
+__device__ __forceinline__ void thread_load_walk(const BwdParams& P, const BwdRing& r) {
+  thread_prefetch_maps(P);
   int kt = 0, it = 0;
-  if constexpr (kWalk) {
-    for (int j = 0, idx = 0;; ++j) {
-      idx = next_tile_index(P.sched, r, j, idx, true);
-      BwdTile tl;
-      if (!tile_at(P.sched, idx, &tl)) break;
-      const BwdCta c = bwd_cta<BM, BN>(P.p, tl.hk, tl.b);
-      if (tl.n < c.n_blocks) thread_load_tile<T, kDown>(P, c, r, tl.n, kt, it);
-    }
-  } else {
-    const BwdCta c = bwd_cta<BM, BN>(P.p, int(blockIdx.y), int(blockIdx.z));
-    for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) thread_load_tile<T, kDown>(P, c, r, n, kt, it);
+  for (int j = 0, idx = 0;; ++j) {
+    idx = next_tile_index(P.sched, r, j, idx, true);
+    BwdTile tl;
+    if (!tile_at(P.sched, idx, &tl)) break;
+    const BwdCta c = bwd_cta<T::kBlockM, T::kBlockN>(P.p, tl.hk, tl.b);
+    if (tl.n < c.n_blocks) thread_load_tile<T, kDown>(P, c, r, tl.n, kt, it);
   }
+}
+
+// The producer of a CTA with one (KV head, batch entry) `c` from the grid: key tiles blockIdx.x,
+// + gridDim.x, ... (a kernel that never walks keeps this lighter loop: the walk's extra live
+// values in this thread changed the d = 256 kernel's register allocation).
+template <class T, bool kDown>
+__device__ __forceinline__ void thread_load_cta(const BwdParams& P, const BwdCta& c, const BwdRing& r) {
+  thread_prefetch_maps(P);
+  int kt = 0, it = 0;
+  for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) thread_load_tile<T, kDown>(P, c, r, n, kt, it);
 }
 
 // Boundary steps (a partial query tile, or keys a row must not see): bit i set when accumulator i
 // of this thread (key row `key` + 8 ((i >> 1) & 1), query column 8 (i >> 2) + 2t + (i & 1) of the
-// tile at query row m0) is visible.
+// tile at query row m0) is visible: the key inside the sequence, the query row too, and key - query
+// inside the window's diagonal band [off - window_left, off + window_right] (off = seqlen_k -
+// seqlen_q; MaskSpec's lo and hi). Every bound is taken relative to this thread's first element,
+// so each element is two or three compares of a constant against a 32-bit value (bounds clamped to
+// +-2^30, far past any difference of the tile's elements). With MaskSpec's 64-bit lo and hi per
+// element, a masked step at BM = 128 ran about 1500 more instructions per thread (SASS).
 template <int BM>
 __device__ __forceinline__ uint64_t visible_set(const core::MaskSpec& mask, int64_t m0, int64_t key, int t) {
+  constexpr int64_t kFar = int64_t(1) << 30;
+  auto clamp = [](int64_t v) { return int(v < -kFar ? -kFar : (v > kFar ? kFar : v)); };
+  const int64_t base = key - (m0 + 2 * t);  // key - query of element 0
+  const int64_t off = mask.seqlen_k - mask.seqlen_q;
+  const int lo = clamp(mask.window_left < 0 ? -2 * kFar : off - mask.window_left - base);
+  const int hi = clamp(mask.window_right < 0 ? 2 * kFar : off + mask.window_right - base);
+  const int rows = clamp(mask.seqlen_q - m0 - 2 * t);  // query column offsets 8j + e below this
+  const int keys = clamp(mask.seqlen_k - key);         // key row offsets 8rr below this
+  uint64_t vis = 0;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int dd = 8 * rr - 8 * j - e;  // key - query, relative to element 0
+        if (8 * j + e < rows && 8 * rr < keys && dd >= lo && dd <= hi) vis |= uint64_t(1) << (4 * j + 2 * rr + e);
+      }
+  return vis;
+}
+
+// The same set from MaskSpec's lo and hi per element (64-bit), as the d = 256 kernel
+// (bwd_wide_kernel.cuh) keeps it: with visible_set there (and this file's tile handoff barriers
+// and producer), its dV came out wrong in some runs at causal 4k-8k on the H200 (2026-12-01,
+// against SDPA's gradients; dq, dk and the non-causal runs were right). The two functions agree
+// on every input a host check tried (3M random masks, tiles and threads), so the cause is not
+// understood; with this function that kernel's machine code is the one measured right before.
+template <int BM>
+__device__ __forceinline__ uint64_t visible_set_wide(const core::MaskSpec& mask, int64_t m0, int64_t key, int t) {
   uint64_t vis = 0;
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j)
@@ -426,7 +469,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     if (warp == 0 && ptx::warp_elect_one()) {
-      thread_load_steps<T, kOrdered, true>(P, ring);
+      thread_load_walk<T, kOrdered>(P, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
       float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
@@ -566,9 +609,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         unsigned char* sdOs = ring.dout + stage * T::kQBytes;
 
         // Accumulator i of this thread: key row key_a + 8 ((i >> 1) & 1), query column
-        // 8 (i >> 2) + 2t + (i & 1).
-        const float* lse2 = ring.lse + stage * BM;
-        const float* delta = ring.delta + stage * BM;
+        // 8 (i >> 2) + 2t + (i & 1); columns 2t and 2t + 1 of a group of 8 come in one 8-byte load.
+        const float2* lse2 = reinterpret_cast<const float2*>(ring.lse + stage * BM) + t;
+        const float2* delta = reinterpret_cast<const float2*>(ring.delta + stage * BM) + t;
         // Rows past the sequence have no lse2 / delta, so masked elements are selected to 0, never
         // multiplied.
         const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
@@ -577,19 +620,28 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         if constexpr (!kSoftcap) {
           // P^T while dP^T is still on the tensor cores.
 #pragma unroll
-          for (int i = 0; i < BM / 2; ++i) st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -lse2[8 * (i >> 2) + 2 * t + (i & 1)]));
+          for (int j = 0; j < BM / 8; ++j) {
+            const float2 l = lse2[4 * j];
+#pragma unroll
+            for (int i = 4 * j; i < 4 * j + 4; ++i) st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -((i & 1) ? l.y : l.x)));
+          }
         }
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dp);
 #pragma unroll
-        for (int i = 0; i < BM / 2; ++i) {
-          const int col = 8 * (i >> 2) + 2 * t + (i & 1);
-          if constexpr (kSoftcap) {
-            const float u = ptx::thread_tanh(st[i] * tanh_scale);
-            st[i] = ptx::thread_exp2(fmaf(u, c_log2, -lse2[col]));
-            dp[i] = st[i] * (dp[i] - delta[col]) * (1.f - u * u);
-          } else {
-            dp[i] = st[i] * (dp[i] - delta[col]);
+        for (int j = 0; j < BM / 8; ++j) {
+          const float2 dl = delta[4 * j];
+#pragma unroll
+          for (int i = 4 * j; i < 4 * j + 4; ++i) {
+            const float di = (i & 1) ? dl.y : dl.x;
+            if constexpr (kSoftcap) {
+              const float2 l = lse2[4 * j];
+              const float u = ptx::thread_tanh(st[i] * tanh_scale);
+              st[i] = ptx::thread_exp2(fmaf(u, c_log2, -((i & 1) ? l.y : l.x)));
+              dp[i] = st[i] * (dp[i] - di) * (1.f - u * u);
+            } else {
+              dp[i] = st[i] * (dp[i] - di);
+            }
           }
         }
         if (masked) {

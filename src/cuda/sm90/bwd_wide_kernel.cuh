@@ -1,6 +1,6 @@
 // The Hopper backward for wide heads (d = 256), beside the d <= 128 kernel of bwd_kernel.cuh, whose
 // header describes what both share: one CTA per (key tile, KV head, batch) streaming the query
-// tiles of the GQA group, the producer warp and its ring (thread_load_steps), the softmax scale
+// tiles of the GQA group, the producer warp and its ring (thread_load_cta), the softmax scale
 // folded into dK and dQ, and the fragment-order dQ workspace. The warpgroup steps both run are
 // there too: warpgroup_product_over_d, warpgroup_issue_dq, thread_release_stage, thread_store_dk_dv.
 //
@@ -62,8 +62,8 @@ struct WideBwdTraits {
   static constexpr int kPBarrier = 2;
   static constexpr int kDsBarrier = 3;
   static constexpr int kTurnBarrier = 4;  // + consumer warpgroup: its turn to add dQ (ordered mode)
-  static constexpr int kTileReaders = 256;  // (unused: never on a drawn schedule)
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages + 4) + 8;  // as BwdTraits
+  static constexpr int kTileReaders = 0;  // one tile per CTA: no tile handoff
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes + kDpBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
   static_assert(kHalf % 64 == 0, "a warpgroup's columns are whole 64-column blocks");
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_steps<T, kOrdered, false>(P, ring);
+    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_cta<T, kOrdered>(P, cta, ring);
     return;
   }
 
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     const int64_t m0 = int64_t(m) * BM;
     const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
     const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
-    const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
+    const uint64_t vis = masked ? visible_set_wide<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
     const float* lse2 = ring.lse + stage * BM;
     const float* delta = ring.delta + stage * BM;
     ptx::warpgroup_wait<0>();
