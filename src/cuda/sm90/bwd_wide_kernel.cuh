@@ -200,7 +200,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     uint32_t pf[BM / 4], dsf[BM / 4];
 #pragma unroll
     for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
-    // dV[:, half] += P^T dO[:, half] while the gradient warpgroup finishes dP^T.
+    // dV[:, half] += P^T dO[:, half] while the gradient warpgroup finishes dP^T. This reads the dO
+    // tile, so this warpgroup waits for it too (only the gradient warpgroup did: dV then read dO
+    // before it landed in some runs, wrong dV at causal 4k-8k on the H200).
+    ptx::thread_mbarrier_wait(&ring.do_full[stage], at.phase);
     ptx::thread_pin(pf);
     ptx::thread_pin(dv);
     ptx::warpgroup_fence();
