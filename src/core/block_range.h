@@ -76,6 +76,33 @@ FA_HD int64_t first_key_tile_seeing(const MaskSpec& mask, int64_t m, int64_t blo
   return x <= 0 ? 0 : x / block_n;
 }
 
+// A mask around one (query row q0, key k0) pair in 32-bit offsets: element (q0 + dq, k0 + dk), dq
+// and dk >= 0, is visible iff the query row and the key are inside their sequences (dq < rows, dk
+// < keys) and dk - dq lies in the window's diagonal band [lo, hi] (MaskSpec's lo and hi, taken
+// relative to the pair). Bounds are clamped to +-2^30, far past any offset within a tile, so each
+// element of a tile is a few 32-bit compares against constants: the GPU backward's boundary steps
+// (MaskSpec::lo and hi per element cost 64-bit arithmetic, ~1500 instructions per thread per step).
+struct MaskBand {
+  int lo, hi, rows, keys;
+  FA_HD bool visible(int dq, int dk) const { return dq < rows && dk < keys && dk - dq >= lo && dk - dq <= hi; }
+};
+
+FA_HD int clamp_to_band(int64_t v) {
+  constexpr int64_t kFar = int64_t(1) << 30;
+  return int(v < -kFar ? -kFar : (v > kFar ? kFar : v));
+}
+
+FA_HD MaskBand mask_band(const MaskSpec& m, int64_t q0, int64_t k0) {
+  constexpr int64_t kUnbounded = int64_t(1) << 31;  // clamps to the band's far bound
+  const int64_t base = k0 - q0, off = m.seqlen_k - m.seqlen_q;
+  MaskBand b;
+  b.lo = clamp_to_band(m.window_left < 0 ? -kUnbounded : off - m.window_left - base);
+  b.hi = clamp_to_band(m.window_right < 0 ? kUnbounded : off + m.window_right - base);
+  b.rows = clamp_to_band(m.seqlen_q - q0);
+  b.keys = clamp_to_band(m.seqlen_k - k0);
+  return b;
+}
+
 // Key tiles [n_begin, n_end) (tile size block_n) that query rows [r0, r1) must visit, and the
 // sub-range [n_nomask_begin, n_nomask_end) of those that need no element-wise mask.
 struct TileRange {

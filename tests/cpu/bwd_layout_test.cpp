@@ -1,6 +1,7 @@
 // The backward's work and workspace arithmetic is plain host/device code, checked here where CI
 // runs: the query tiles a key tile visits (core::query_tiles_seeing, both GPU backwards) are
-// exactly those holding a row that sees one of its keys; in the tiled workspace layout
+// exactly those holding a row that sees one of its keys; the boundary steps' 32-bit mask
+// (core::MaskBand) agrees with MaskSpec; in the tiled workspace layout
 // (src/cuda/bwd_layout.h) every sequence's query tiles are consecutive, no two sequences share a
 // tile, and all tiles fit in tiles_per_head; the deterministic split count stays within [1, key
 // tiles] and fills its waves within 5% of the best count up to four waves.
@@ -70,6 +71,35 @@ TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
           }
         }
       }
+}
+
+// core::MaskBand (the Hopper backward's boundary-step mask, 32-bit offsets from one element) agrees
+// with MaskSpec element by element over a tile's offsets, for random sequence lengths, windows
+// (none, zero, small, far past the sequence) and pairs anywhere in or past the sequences.
+TEST(BackwardLayout, MaskBandAgreesWithMaskSpec) {
+  using flashattn::core::MaskSpec;
+  std::mt19937_64 rng(11);
+  auto window = [&]() -> int64_t {
+    switch (rng() % 4) {
+      case 0: return -1;
+      case 1: return 0;
+      case 2: return int64_t(rng() % 300);
+      default: return int64_t(1) << 40;
+    }
+  };
+  for (int trial = 0; trial < 4000; ++trial) {
+    const MaskSpec mask{int64_t(1 + rng() % 5000), int64_t(1 + rng() % 5000), window(), window()};
+    const int64_t q0 = int64_t(rng() % (mask.seqlen_q + 64)), k0 = int64_t(rng() % (mask.seqlen_k + 64));
+    const auto band = flashattn::core::mask_band(mask, q0, k0);
+    for (int dq = 0; dq < 130; dq += 1 + int(rng() % 3))
+      for (int dk = 0; dk < 130; dk += 1 + int(rng() % 3)) {
+        const int64_t q = q0 + dq, k = k0 + dk;
+        const bool want = q < mask.seqlen_q && k < mask.seqlen_k && mask.visible(q, k);
+        ASSERT_EQ(band.visible(dq, dk), want) << "sq " << mask.seqlen_q << " sk " << mask.seqlen_k << " window ("
+                                              << mask.window_left << ", " << mask.window_right << ") query " << q
+                                              << " key " << k;
+      }
+  }
 }
 
 TEST(BackwardLayout, VarlenSequencesNeverShareATile) {

@@ -334,32 +334,19 @@ __device__ __forceinline__ void thread_load_cta(const BwdParams& P, const BwdCta
 
 // Boundary steps (a partial query tile, or keys a row must not see): bit i set when accumulator i
 // of this thread (key row `key` + 8 ((i >> 1) & 1), query column 8 (i >> 2) + 2t + (i & 1) of the
-// tile at query row m0) is visible: the key inside the sequence, the query row too, and key - query
-// inside the window's diagonal band [off - window_left, off + window_right] (off = seqlen_k -
-// seqlen_q; MaskSpec's lo and hi). Every bound is taken relative to this thread's first element,
-// so each element is two or three compares of a constant against a 32-bit value (bounds clamped to
-// +-2^30, far past any difference of the tile's elements). With MaskSpec's 64-bit lo and hi per
-// element, a masked step at BM = 128 ran about 1500 more instructions per thread (SASS).
+// tile at query row m0) is visible, from the mask's band around the thread's first element
+// (core::MaskBand: a few 32-bit compares per element).
 template <int BM>
 __device__ __forceinline__ uint64_t visible_set(const core::MaskSpec& mask, int64_t m0, int64_t key, int t) {
-  constexpr int64_t kFar = int64_t(1) << 30;
-  auto clamp = [](int64_t v) { return int(v < -kFar ? -kFar : (v > kFar ? kFar : v)); };
-  const int64_t base = key - (m0 + 2 * t);  // key - query of element 0
-  const int64_t off = mask.seqlen_k - mask.seqlen_q;
-  const int lo = clamp(mask.window_left < 0 ? -2 * kFar : off - mask.window_left - base);
-  const int hi = clamp(mask.window_right < 0 ? 2 * kFar : off + mask.window_right - base);
-  const int rows = clamp(mask.seqlen_q - m0 - 2 * t);  // query column offsets 8j + e below this
-  const int keys = clamp(mask.seqlen_k - key);         // key row offsets 8rr below this
+  const core::MaskBand band = core::mask_band(mask, m0 + 2 * t, key);
   uint64_t vis = 0;
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int dd = 8 * rr - 8 * j - e;  // key - query, relative to element 0
-        if (8 * j + e < rows && 8 * rr < keys && dd >= lo && dd <= hi) vis |= uint64_t(1) << (4 * j + 2 * rr + e);
-      }
+      for (int rr = 0; rr < 2; ++rr)
+        if (band.visible(8 * j + e, 8 * rr)) vis |= uint64_t(1) << (4 * j + 2 * rr + e);
   return vis;
 }
 
