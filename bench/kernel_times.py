@@ -74,7 +74,9 @@ def main():
                     cudnn = lambda: ref.backward(g, retain_graph=True)
                 sides = {"ours": profile_calls(ours, a.calls), "cudnn": profile_calls(cudnn, a.calls)}
             print(f"\n{a.mode} d={d} causal={causal} s={s} b={b} h={h}")
-            for side, per_kernel in sides.items() if a.calls > 0 else ():
+            for side, per_kernel in sides.items():
+                if not per_kernel:  # --calls 0 (under ncu): nothing profiled here
+                    continue
                 total = sum(sum(v) for v in per_kernel.values()) / a.calls
                 print(f"  {side}: kernels {total:8.1f} us per call ({flops / total / 1e6:6.0f} TFLOP/s over their sum)")
                 for name, times in per_kernel.items():

@@ -1,4 +1,5 @@
-// The order of the forward's work tiles (query tile, head, batch), shared by both GPU paths: the
+// The order of the forward's work tiles (query tile, head, batch), shared by both GPU paths (the
+// Hopper backward orders its key tiles with the same struct, bwd_launch.cuh): the
 // Hopper forward's persistent CTAs walk the tile indices (a static stride, or drawn from a
 // counter), and the portable forward launches one CTA per tile index (the hardware starts CTAs
 // in index order).
@@ -43,10 +44,16 @@ struct TileScheduler {
   }
 };
 
+// (head, batch) pairs per L2 section: as many as fit half the L2 (l2_bytes) when each pair's
+// shared data takes bytes_per_pair, at least 1 and at most all `pairs`.
+inline int l2_section(double bytes_per_pair, double pairs, int l2_bytes) {
+  const double fit = 0.5 * double(l2_bytes) / (bytes_per_pair > 1.0 ? bytes_per_pair : 1.0);
+  return int(fit < 1.0 ? 1.0 : (fit > pairs ? pairs : fit));
+}
+
 // The schedule of a forward call with query tiles of block_m rows: longest first under a right
 // bound, heads in sections whose K and V (shared by a GQA group; 16-bit elements, the GPU paths'
-// dtypes) fill at most half the L2 (l2_bytes), so the CTAs running at once still find their K/V
-// there.
+// dtypes) fill at most half the L2, so the CTAs running at once still find their K/V there.
 inline TileScheduler make_tile_scheduler(const core::ForwardParams& p, int block_m, int l2_bytes) {
   TileScheduler s;
   s.num_m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
@@ -54,9 +61,7 @@ inline TileScheduler make_tile_scheduler(const core::ForwardParams& p, int block
   s.batch = int(p.batch);
   s.longest_first = p.window_right >= 0;
   const double kv_bytes_per_head = 2.0 * double(p.seqlen_k) * double(p.head_dim) * 2 / double(p.group());
-  const double pairs = double(p.heads_q) * double(p.batch);
-  const double fit = 0.5 * double(l2_bytes) / (kv_bytes_per_head > 1.0 ? kv_bytes_per_head : 1.0);
-  s.section = int(fit < 1.0 ? 1.0 : (fit > pairs ? pairs : fit));
+  s.section = l2_section(kv_bytes_per_head, double(p.heads_q) * double(p.batch), l2_bytes);
   return s;
 }
 

@@ -266,6 +266,17 @@ __device__ __forceinline__ bool tile_at(const BwdSchedule& s, int idx, BwdTile* 
   return true;
 }
 
+// The j-th work tile of a role that reads the schedule (the consumers, the dQ writer; idx: the
+// previous index in, this one out) and its sequences; false past the last tile.
+template <int BM, int BN>
+__device__ __forceinline__ bool read_work_tile(const BwdParams& P, const BwdRing& r, int j, int& idx, BwdTile* tl,
+                                               BwdCta* cta) {
+  idx = next_tile_index(P.sched, r, j, idx, false);
+  if (!tile_at(P.sched, idx, tl)) return false;
+  *cta = bwd_cta<BM, BN>(P.p, tl->hk, tl->b);
+  return true;
+}
+
 // The producer's loads of one work tile (one elected thread): TMA loads of K and V, and per query
 // step of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout
 // of src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it. kt and
@@ -460,10 +471,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
       for (int j = 0, idx = 0;; ++j) {
-        idx = next_tile_index(P.sched, ring, j, idx, false);
         BwdTile tl;
-        if (!tile_at(P.sched, idx, &tl)) break;
-        const BwdCta cta = bwd_cta<BM, BN>(p, tl.hk, tl.b);
+        BwdCta cta;
+        if (!read_work_tile<BM, BN>(P, ring, j, idx, &tl, &cta)) break;
         const core::MaskSpec& mask = cta.mask;
         const int64_t n = tl.n;
         if (n >= cta.n_blocks) continue;
@@ -564,10 +574,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 
   int kt = 0, it = 0;
   for (int j = 0, idx = 0;; ++j) {
-    idx = next_tile_index(P.sched, ring, j, idx, false);
     BwdTile tl;
-    if (!tile_at(P.sched, idx, &tl)) break;
-    const BwdCta cta = bwd_cta<BM, BN>(p, tl.hk, tl.b);
+    BwdCta cta;
+    if (!read_work_tile<BM, BN>(P, ring, j, idx, &tl, &cta)) break;
     const core::MaskSpec& mask = cta.mask;
     const int64_t n = tl.n;
     if (n >= cta.n_blocks) continue;

@@ -77,21 +77,20 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   //     causal 2k 913 -> 859 us, d=64 causal 2k 1220 -> 1206 us.
   //   * the ordered deterministic mode: one CTA per tile, in index order, key tiles ascending (a
   //     tile waits only for lower indices, which have started).
-  //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch)
-  //     (the per_head schedule; see that kernel for why).
-  //   * slices: their per-head grid, `splits` CTAs per (KV head, batch entry).
+  //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch),
+  //     read from blockIdx (see that kernel for why); it takes no schedule.
+  //   * slices: the grid (splits, KV heads, batch), the per_head schedule.
   sm90::BwdSchedule& sched = P.sched;
-  sched.per_head = sliced || kWide;
+  sched.per_head = sliced;
   TileScheduler& order = sched.order;
   order.num_m_blocks = int(n_blocks);
   order.heads = int(p.heads_kv);
   order.batch = int(p.batch);
   order.longest_first = !p.deterministic && p.window_right >= 0;
-  const double head_bytes = 8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group());
-  const double fit = 0.5 * double(current_device_attribute(cudaDevAttrL2CacheSize)) / head_bytes;
-  const double pairs = double(p.heads_kv) * double(p.batch);
-  order.section = int(fit < 1.0 ? 1.0 : (fit > pairs ? pairs : fit));
-  const int64_t tiles = sched.per_head ? n_blocks : int64_t(order.num_tiles());
+  order.section = l2_section(8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group()),
+                             double(p.heads_kv) * double(p.batch), current_device_attribute(cudaDevAttrL2CacheSize));
+  const bool grid_3d = sliced || kWide;  // (x, KV heads, batch); else a 1-D grid over `order`
+  const int64_t tiles = grid_3d ? n_blocks : int64_t(order.num_tiles());
   const bool persistent = !kWide && !p.deterministic;
   const bool dynamic = persistent && tiles > sms;
   const size_t counter_bytes = dynamic ? 16 : 0;
@@ -116,8 +115,8 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
                                 : (ordered ? pick(No{}, Yes{}) : pick(No{}, No{}));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
-  const dim3 grid = sched.per_head ? dim3(unsigned(sliced ? ws.splits : n_blocks), unsigned(p.heads_kv), batch)
-                                   : dim3(unsigned(persistent ? std::min<int64_t>(tiles, sms) : tiles));
+  const dim3 grid = grid_3d ? dim3(unsigned(sliced ? ws.splits : n_blocks), unsigned(p.heads_kv), batch)
+                            : dim3(unsigned(persistent ? std::min<int64_t>(tiles, sms) : tiles));
   if (tiles > 0) {
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
     check_launch("flashattn backward kernel (Hopper path)");
