@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(128) backward_preprocess_kernel(const __grid_c
     const size_t block = (size_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     const size_t threads = size_t(gridDim.x) * gridDim.y * gridDim.z * 128;
     float4* acc = reinterpret_cast<float4*>(ws.dq_accum);
-    for (size_t i = block * 128 + threadIdx.x; i < zero_bytes / 16; i += threads) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (size_t i = block * 128 + threadIdx.x; i < zero_bytes / 16; i += threads)
+      acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (block == 0 && threadIdx.x < (zero_bytes % 16) / 4) ws.dq_accum[zero_bytes / 16 * 4 + threadIdx.x] = 0.f;
   }
   int64_t q0, sq;

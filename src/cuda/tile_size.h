@@ -71,10 +71,10 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 // head_dim matmul FLOPs, so a wider block_n halves that traffic per FLOP (ncu on the H200: block_n
 // 64 at d=128 ran L2-bound at 67% of L2 throughput with 23% issue utilization, when dQ went out as
 // scalar atomics). Stages = Q/dO tiles in flight. Shared memory: K, V 2 * block_n * d + Q, dO 2 *
-// stages * block_m * d + P, dS 2 * block_n * block_m elements. Warp layouts of the three phases (a warp of 32 rows reads each
-// shared-memory B fragment once for two m16 tiles): key_warps_s along the keys of S^T/dP^T,
-// key_warps_kv along the keys of dK/dV, row_warps_q along the query rows of dQ, the remaining warps
-// of each phase along the other side.
+// stages * block_m * d + P, dS 2 * block_n * block_m elements. Warp layouts of the three phases (a
+// warp of 32 rows reads each shared-memory B fragment once for two m16 tiles): key_warps_s along
+// the keys of S^T/dP^T, key_warps_kv along the keys of dK/dV, row_warps_q along the query rows of
+// dQ, the remaining warps of each phase along the other side.
 // The sm90 entries come from bench/bwd_tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048,
 // 2026-11-29, bench/results/h200_portable_bwd_layouts_2026-11-29.txt, run A: deterministic mode
 // still a runtime flag), whole backward in TFLOP/s at 2k / 8k non-causal, deterministic after '|':

@@ -617,7 +617,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           for (int j = 0; j < BM / 8; ++j) {
             const float2 l = lse2[4 * j];
 #pragma unroll
-            for (int i = 4 * j; i < 4 * j + 4; ++i) st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -((i & 1) ? l.y : l.x)));
+            for (int i = 4 * j; i < 4 * j + 4; ++i)
+              st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -((i & 1) ? l.y : l.x)));
           }
         }
         ptx::warpgroup_wait<0>();
