@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
+from anchor_sweep import add_sweep_args, flops, shapes
 from flashattn_abi import BF16, F32, BackwardArgs, ForwardArgs, load, view
 
 
@@ -70,64 +71,57 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib-a", required=True)
     p.add_argument("--lib-b", required=True)
-    p.add_argument("--d", default="64,128,256")
-    p.add_argument("--s", default="2048,4096,8192,16384")
-    p.add_argument("--causal", default="0,1")
-    p.add_argument("--tokens", type=int, default=16384)
+    add_sweep_args(p, "2048,4096,8192,16384", lib=False)
     p.add_argument("--modes", default="fwd", help="fwd, bwd or fwd,bwd")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json")
     a = p.parse_args()
     libs = {"A": load(a.lib_a), "B": load(a.lib_b)}
-    ints = lambda s: [int(x) for x in s.split(",") if x]
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     print(f"A = {a.lib_a}\nB = {a.lib_b}")
     print(f"{'mode':>4} {'d':>4} {'causal':>6} {'s':>6} | {'A':>6} {'B':>6} {'cudnn':>6} | {'B/A':>5} {'A/cud':>5} "
           f"{'B/cud':>5} | A rounds / B rounds (TFLOP/s)")
     for mode in a.modes.split(","):
-        for d in ints(a.d):
-            for causal in ints(a.causal):
-                for s in ints(a.s):
-                    b, h = max(1, a.tokens // s), 2048 // d
-                    prob = Problem(b, s, h, d, causal)
-                    flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if mode == "bwd" else 1.0)
-                    fwd = {k: runner(lib, prob, "fwd") for k, lib in libs.items()}
-                    run = fwd if mode == "fwd" else {k: runner(lib, prob, mode) for k, lib in libs.items()}
-                    tf = {"A": [], "B": []}
-                    for _ in range(a.rounds):
-                        for k in ("A", "B"):
-                            if mode == "bwd":
-                                fwd[k]()  # the backward reads this side's own out and lse
-                            tf[k].append(flops / median_ms(run[k]) / 1e9)
-                    # B computes what A computes: compare the outputs of one call each.
-                    outs = []
-                    for k in ("A", "B"):
-                        fwd[k]()
-                        if mode == "bwd":
-                            run[k]()  # after its own forward, as in the timed rounds
-                        torch.cuda.synchronize()
-                        outs.append([x.clone() for x in ((prob.out,) if mode == "fwd" else (prob.dq, prob.dk, prob.dv))])
-                    diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(*outs))
-                    qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(mode == "bwd")
-                                  for x in (prob.q, prob.k, prob.v))
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                        if mode == "fwd":
-                            cud = flops / median_ms(fn) / 1e9
-                        else:
-                            ref, g = fn(), torch.randn_like(qt)
-                            cud = flops / median_ms(lambda: ref.backward(g, retain_graph=True)) / 1e9
-                    ma, mb = statistics.median(tf["A"]), statistics.median(tf["B"])
-                    row = {"mode": mode, "d": d, "causal": bool(causal), "s": s, "b": b, "h": h, "A": tf["A"],
-                           "B": tf["B"], "cudnn": cud, "max_abs_diff_a_b": diff,
-                           "kernel_b": libs["B"].flashattn_last_gpu_kernel().decode()}
-                    rows.append(row)
-                    rounds = " ".join(f"{x:.0f}" for x in tf["A"]) + " / " + " ".join(f"{x:.0f}" for x in tf["B"])
-                    print(f"{mode:>4} {d:4d} {causal:6d} {s:6d} | {ma:6.0f} {mb:6.0f} {cud:6.0f} | {mb / ma:5.3f} "
-                          f"{ma / cud:5.2f} {mb / cud:5.2f} | {rounds} | diff {diff:.3g}", flush=True)
-                    del prob, qt, kt, vt
-                    torch.cuda.empty_cache()
+        for d, causal, s, b, h in shapes(a):
+            prob = Problem(b, s, h, d, causal)
+            work = flops(b, h, s, d, causal, mode)
+            fwd = {k: runner(lib, prob, "fwd") for k, lib in libs.items()}
+            run = fwd if mode == "fwd" else {k: runner(lib, prob, mode) for k, lib in libs.items()}
+            tf = {"A": [], "B": []}
+            for _ in range(a.rounds):
+                for k in ("A", "B"):
+                    if mode == "bwd":
+                        fwd[k]()  # the backward reads this side's own out and lse
+                    tf[k].append(work / median_ms(run[k]) / 1e9)
+            # B computes what A computes: compare the outputs of one call each.
+            outs = []
+            for k in ("A", "B"):
+                fwd[k]()
+                if mode == "bwd":
+                    run[k]()  # after its own forward, as in the timed rounds
+                torch.cuda.synchronize()
+                outs.append([x.clone() for x in ((prob.out,) if mode == "fwd" else (prob.dq, prob.dk, prob.dv))])
+            diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(*outs))
+            qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(mode == "bwd")
+                          for x in (prob.q, prob.k, prob.v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                if mode == "fwd":
+                    cud = work / median_ms(fn) / 1e9
+                else:
+                    ref, g = fn(), torch.randn_like(qt)
+                    cud = work / median_ms(lambda: ref.backward(g, retain_graph=True)) / 1e9
+            ma, mb = statistics.median(tf["A"]), statistics.median(tf["B"])
+            row = {"mode": mode, "d": d, "causal": bool(causal), "s": s, "b": b, "h": h, "A": tf["A"],
+                   "B": tf["B"], "cudnn": cud, "max_abs_diff_a_b": diff,
+                   "kernel_b": libs["B"].flashattn_last_gpu_kernel().decode()}
+            rows.append(row)
+            rounds = " ".join(f"{x:.0f}" for x in tf["A"]) + " / " + " ".join(f"{x:.0f}" for x in tf["B"])
+            print(f"{mode:>4} {d:4d} {causal:6d} {s:6d} | {ma:6.0f} {mb:6.0f} {cud:6.0f} | {mb / ma:5.3f} "
+                  f"{ma / cud:5.2f} {mb / cud:5.2f} | {rounds} | diff {diff:.3g}", flush=True)
+            del prob, qt, kt, vt
+            torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)

@@ -16,41 +16,34 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ab_compare import Problem, runner
+from anchor_sweep import add_sweep_args, shapes
 from flashattn_abi import load
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", default="build/libflashattn.so")
-    p.add_argument("--d", default="64,128,256")
-    p.add_argument("--s", default="4096,8192")
-    p.add_argument("--causal", default="0,1")
-    p.add_argument("--tokens", type=int, default=16384)
+    add_sweep_args(p, "4096,8192")
     p.add_argument("--runs", type=int, default=8)
     a = p.parse_args()
     lib = load(a.lib)
-    ints = lambda s: [int(x) for x in s.split(",") if x]
-    for d in ints(a.d):
-        for causal in ints(a.causal):
-            for s in ints(a.s):
-                b, h = max(1, a.tokens // s), 2048 // d
-                prob = Problem(b, s, h, d, causal)
-                qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(True) for x in (prob.q, prob.k, prob.v))
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                    ref = [g.transpose(1, 2) for g in torch.autograd.grad(o, (qt, kt, vt), prob.dout.transpose(1, 2))]
-                fwd, bwd = runner(lib, prob, "fwd"), runner(lib, prob, "bwd")
-                worst = [0.0, 0.0, 0.0]
-                for _ in range(a.runs):
-                    fwd()
-                    bwd()
-                    torch.cuda.synchronize()
-                    for i, (x, y) in enumerate(zip((prob.dq, prob.dk, prob.dv), ref)):
-                        worst[i] = max(worst[i], (x.float() - y.float()).abs().max().item())
-                print(f"d {d} causal {causal} s {s}: worst of {a.runs} runs, max |ours - fa2|: dq {worst[0]:.3g} "
-                      f"dk {worst[1]:.3g} dv {worst[2]:.3g}", flush=True)
-                del prob, qt, kt, vt
-                torch.cuda.empty_cache()
+    for d, causal, s, b, h in shapes(a):
+        prob = Problem(b, s, h, d, causal)
+        qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(True) for x in (prob.q, prob.k, prob.v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            ref = [g.transpose(1, 2) for g in torch.autograd.grad(o, (qt, kt, vt), prob.dout.transpose(1, 2))]
+        fwd, bwd = runner(lib, prob, "fwd"), runner(lib, prob, "bwd")
+        worst = [0.0, 0.0, 0.0]
+        for _ in range(a.runs):
+            fwd()
+            bwd()
+            torch.cuda.synchronize()
+            for i, (x, y) in enumerate(zip((prob.dq, prob.dk, prob.dv), ref)):
+                worst[i] = max(worst[i], (x.float() - y.float()).abs().max().item())
+        print(f"d {d} causal {causal} s {s}: worst of {a.runs} runs, max |ours - fa2|: dq {worst[0]:.3g} "
+              f"dk {worst[1]:.3g} dv {worst[2]:.3g}", flush=True)
+        del prob, qt, kt, vt
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from ab_compare import Problem, runner
+from anchor_sweep import add_sweep_args, flops, shapes
 from flashattn_abi import load
 
 
@@ -48,41 +49,35 @@ def profile_calls(fn, calls):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", default="build/libflashattn.so")
-    p.add_argument("--d", type=int, default=128)
-    p.add_argument("--s", default="2048")
-    p.add_argument("--causal", default="0,1")
-    p.add_argument("--tokens", type=int, default=16384)
+    add_sweep_args(p, "2048", head_dims="128")
     p.add_argument("--mode", default="bwd", choices=("fwd", "bwd"))
     p.add_argument("--calls", type=int, default=10)
     a = p.parse_args()
     lib = load(a.lib)
-    for causal in [int(x) for x in a.causal.split(",")]:
-        for s in [int(x) for x in a.s.split(",")]:
-            b, h, d = max(1, a.tokens // s), 2048 // a.d, a.d
-            prob = Problem(b, s, h, d, causal)
-            flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if a.mode == "bwd" else 1.0)
-            runner(lib, prob, "fwd")()
-            ours = runner(lib, prob, a.mode)
-            qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(a.mode == "bwd") for x in (prob.q, prob.k, prob.v))
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                if a.mode == "fwd":
-                    cudnn = fn
-                else:
-                    ref, g = fn(), torch.randn_like(qt)
-                    cudnn = lambda: ref.backward(g, retain_graph=True)
-                sides = {"ours": profile_calls(ours, a.calls), "cudnn": profile_calls(cudnn, a.calls)}
-            print(f"\n{a.mode} d={d} causal={causal} s={s} b={b} h={h}")
-            for side, per_kernel in sides.items():
-                if not per_kernel:  # --calls 0 (under ncu): nothing profiled here
-                    continue
-                total = sum(sum(v) for v in per_kernel.values()) / a.calls
-                print(f"  {side}: kernels {total:8.1f} us per call ({flops / total / 1e6:6.0f} TFLOP/s over their sum)")
-                for name, times in per_kernel.items():
-                    print(f"    {sum(times) / a.calls:8.1f} us  x{len(times) / a.calls:4.1f}  {name[:110]}")
-            del prob, qt, kt, vt
-            torch.cuda.empty_cache()
+    for d, causal, s, b, h in shapes(a):
+        prob = Problem(b, s, h, d, causal)
+        work = flops(b, h, s, d, causal, a.mode)
+        runner(lib, prob, "fwd")()
+        ours = runner(lib, prob, a.mode)
+        qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(a.mode == "bwd") for x in (prob.q, prob.k, prob.v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            if a.mode == "fwd":
+                cudnn = fn
+            else:
+                ref, g = fn(), torch.randn_like(qt)
+                cudnn = lambda: ref.backward(g, retain_graph=True)
+            sides = {"ours": profile_calls(ours, a.calls), "cudnn": profile_calls(cudnn, a.calls)}
+        print(f"\n{a.mode} d={d} causal={causal} s={s} b={b} h={h}")
+        for side, per_kernel in sides.items():
+            if not per_kernel:  # --calls 0 (under ncu): nothing profiled here
+                continue
+            total = sum(sum(v) for v in per_kernel.values()) / a.calls
+            print(f"  {side}: kernels {total:8.1f} us per call ({work / total / 1e6:6.0f} TFLOP/s over their sum)")
+            for name, times in per_kernel.items():
+                print(f"    {sum(times) / a.calls:8.1f} us  x{len(times) / a.calls:4.1f}  {name[:110]}")
+        del prob, qt, kt, vt
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

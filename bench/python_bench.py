@@ -25,17 +25,14 @@ import csv
 import os
 import time
 
+from anchor_sweep import flops, ints
+
 METHODS = ["ours", "fa2", "cudnn", "eff", "math"]
 COLORS = {"ours": "#d62728", "fa2": "#1f77b4", "cudnn": "#2ca02c", "eff": "#9467bd", "math": "#7f7f7f"}
 LABELS = {"ours": "flashattn (ours)", "fa2": "SDPA FLASH_ATTENTION (FA2)", "cudnn": "SDPA CUDNN_ATTENTION",
           "eff": "SDPA EFFICIENT_ATTENTION", "math": "SDPA MATH (standard attention)"}
 FIELDS = ["d", "causal", "seqlen", "batch", "heads", "method", "mode", "ms", "tflops", "max_abs_diff_vs_sdpa",
           "error"]
-
-
-def flops(b, h, s, d, causal, mode):
-    f = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-    return f * (2.5 if mode == "bwd" else 1.0)
 
 
 def measure(d, causal, s, tokens, hidden, modes, methods, warmup=25, rep=200):
@@ -174,7 +171,6 @@ def main():
 
         import flashattn
 
-        ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
         modes, methods = a.modes.split(","), a.methods.split(",")
         unknown = set(methods) - set(METHODS)
         if unknown:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
+from anchor_sweep import add_sweep_args, flops, shapes
 from flashattn_abi import BF16, F32, BackwardArgs, ForwardArgs, load, view
 
 
@@ -30,105 +31,97 @@ def median_ms(fn):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", default="build/libflashattn.so")
-    p.add_argument("--d", default="64,128,256")
-    p.add_argument("--s", default="512,1024,2048,4096,8192,16384")
-    p.add_argument("--causal", default="0,1")
-    p.add_argument("--tokens", type=int, default=16384)
+    add_sweep_args(p, "512,1024,2048,4096,8192,16384")
     p.add_argument("--modes", default="fwd", help="fwd or fwd,bwd")
     p.add_argument("--json")
     a = p.parse_args()
     lib = load(a.lib)
     bwd = "bwd" in a.modes.split(",")
-    ints = lambda s: [int(x) for x in s.split(",") if x]
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     print(f"{'d':>4} {'causal':>6} {'s':>6} | {'ours':>6} {'fa2':>6} {'cudnn':>6} | {'/fa2':>5} {'/cudnn':>6} | max|ours-sdpa|"
           + (" || bwd ours  det   fa2 cudnn |  /fa2 /cudnn det/ours | max|ours-sdpa|" if bwd else ""))
-    for d in ints(a.d):
-        for causal in ints(a.causal):
-            for s in ints(a.s):
-                b, h = max(1, a.tokens // s), 2048 // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                out = torch.empty_like(q)
-                lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                args = ForwardArgs()
-                args.struct_size = C.sizeof(ForwardArgs)
-                args.q, args.k, args.v, args.out = view(q, BF16), view(k, BF16), view(v, BF16), view(out, BF16)
-                args.lse = view(lse, F32)
-                args.options.causal = causal
-                args.options.window_left = args.options.window_right = -1
-                args.options.stream = torch.cuda.current_stream().cuda_stream
-                ref_args = C.byref(args)
+    for d, causal, s, b, h in shapes(a):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        args = ForwardArgs()
+        args.struct_size = C.sizeof(ForwardArgs)
+        args.q, args.k, args.v, args.out = view(q, BF16), view(k, BF16), view(v, BF16), view(out, BF16)
+        args.lse = view(lse, F32)
+        args.options.causal = causal
+        args.options.window_left = args.options.window_right = -1
+        args.options.stream = torch.cuda.current_stream().cuda_stream
+        ref_args = C.byref(args)
 
-                def ours():
-                    rc = lib.flashattn_forward(ref_args)
-                    if rc != 0:
-                        raise RuntimeError(lib.flashattn_last_error().decode())
+        def ours():
+            rc = lib.flashattn_forward(ref_args)
+            if rc != 0:
+                raise RuntimeError(lib.flashattn_last_error().decode())
 
-                flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-                row = {"d": d, "causal": bool(causal), "s": s, "b": b, "h": h}
-                row["ours"] = flops / median_ms(ours) / 1e9
-                row["kernel"] = lib.flashattn_last_gpu_kernel().decode()
-                if bwd:
-                    ours()
-                    g = torch.randn_like(q)
-                    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                    bargs = BackwardArgs()
-                    bargs.struct_size = C.sizeof(BackwardArgs)
-                    for name, t, code in (("dout", g, BF16), ("q", q, BF16), ("k", k, BF16), ("v", v, BF16),
-                                          ("out", out, BF16), ("lse", lse, F32), ("dq", dq, BF16), ("dk", dk, BF16),
-                                          ("dv", dv, BF16)):
-                        setattr(bargs, name, view(t, code))
-                    bargs.options = args.options
-                    ref_bargs = C.byref(bargs)
+        fwd_flops = flops(b, h, s, d, causal)
+        row = {"d": d, "causal": bool(causal), "s": s, "b": b, "h": h}
+        row["ours"] = fwd_flops / median_ms(ours) / 1e9
+        row["kernel"] = lib.flashattn_last_gpu_kernel().decode()
+        if bwd:
+            ours()
+            g = torch.randn_like(q)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            bargs = BackwardArgs()
+            bargs.struct_size = C.sizeof(BackwardArgs)
+            for name, t, code in (("dout", g, BF16), ("q", q, BF16), ("k", k, BF16), ("v", v, BF16),
+                                  ("out", out, BF16), ("lse", lse, F32), ("dq", dq, BF16), ("dk", dk, BF16),
+                                  ("dv", dv, BF16)):
+                setattr(bargs, name, view(t, code))
+            bargs.options = args.options
+            ref_bargs = C.byref(bargs)
 
-                    def ours_bwd():
-                        if lib.flashattn_backward(ref_bargs) != 0:
-                            raise RuntimeError(lib.flashattn_last_error().decode())
+            def ours_bwd():
+                if lib.flashattn_backward(ref_bargs) != 0:
+                    raise RuntimeError(lib.flashattn_last_error().decode())
 
-                    row["ours_bwd"] = 2.5 * flops / median_ms(ours_bwd) / 1e9
-                    row["bwd_kernel"] = lib.flashattn_last_gpu_kernel().decode()
-                    bargs.deterministic = 1
-                    row["ours_bwd_det"] = 2.5 * flops / median_ms(ours_bwd) / 1e9
-                    bargs.deterministic = 0
-                qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
-                for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    try:
-                        with sdpa_kernel(backend):
-                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                            ref = fn()
-                            row[name] = flops / median_ms(fn) / 1e9
-                            if bwd:
-                                gt = torch.randn_like(ref)
-                                row[name + "_bwd"] = 2.5 * flops / median_ms(
-                                    lambda: ref.backward(gt, retain_graph=True)) / 1e9
-                    except RuntimeError as e:
-                        row[name + "_error"] = str(e).splitlines()[0][:160]
-                if bwd:
-                    # Our gradients beside SDPA's (FlashAttention-2 backend) for the same dO.
-                    ours_bwd()
-                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                        grads = torch.autograd.grad(o, (qt, kt, vt), g.transpose(1, 2))
-                    row["bwd_max_abs_diff_vs_sdpa"] = max(
-                        (ours_g.float() - ref_g.transpose(1, 2).float()).abs().max().item()
-                        for ours_g, ref_g in zip((dq, dk, dv), grads))
-                ours()
-                torch.cuda.synchronize()
-                row["max_abs_diff_vs_sdpa"] = (out.float() - ref.detach().transpose(1, 2).float()).abs().max().item()
-                rows.append(row)
-                f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
-                r = lambda num, key: f"{row[num] / row[key]:5.2f}" if key in row and num in row else "    -"
-                line = (f"{d:4d} {causal:6d} {s:6d} | {f('ours')} {f('fa2')} {f('cudnn')} | {r('ours', 'fa2')} "
-                        f"{r('ours', 'cudnn'):>6} | {row['max_abs_diff_vs_sdpa']:.3g} {row['kernel'].split(' hdim')[0]}")
-                if bwd:
-                    line += (f" || {f('ours_bwd')} {f('ours_bwd_det')} {f('fa2_bwd')} {f('cudnn_bwd')} | "
-                             f"{r('ours_bwd', 'fa2_bwd')} {r('ours_bwd', 'cudnn_bwd'):>6} {r('ours_bwd_det', 'ours_bwd'):>8} | "
-                             f"{row['bwd_max_abs_diff_vs_sdpa']:.3g} {row['bwd_kernel'].split(' hdim')[0]}")
-                print(line, flush=True)
-                del q, k, v, out, lse, qt, kt, vt
-                torch.cuda.empty_cache()
+            row["ours_bwd"] = 2.5 * fwd_flops / median_ms(ours_bwd) / 1e9
+            row["bwd_kernel"] = lib.flashattn_last_gpu_kernel().decode()
+            bargs.deterministic = 1
+            row["ours_bwd_det"] = 2.5 * fwd_flops / median_ms(ours_bwd) / 1e9
+            bargs.deterministic = 0
+        qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
+        for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                    ref = fn()
+                    row[name] = fwd_flops / median_ms(fn) / 1e9
+                    if bwd:
+                        gt = torch.randn_like(ref)
+                        row[name + "_bwd"] = 2.5 * fwd_flops / median_ms(
+                            lambda: ref.backward(gt, retain_graph=True)) / 1e9
+            except RuntimeError as e:
+                row[name + "_error"] = str(e).splitlines()[0][:160]
+        if bwd:
+            # Our gradients beside SDPA's (FlashAttention-2 backend) for the same dO.
+            ours_bwd()
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                grads = torch.autograd.grad(o, (qt, kt, vt), g.transpose(1, 2))
+            row["bwd_max_abs_diff_vs_sdpa"] = max(
+                (ours_g.float() - ref_g.transpose(1, 2).float()).abs().max().item()
+                for ours_g, ref_g in zip((dq, dk, dv), grads))
+        ours()
+        torch.cuda.synchronize()
+        row["max_abs_diff_vs_sdpa"] = (out.float() - ref.detach().transpose(1, 2).float()).abs().max().item()
+        rows.append(row)
+        f = lambda key: f"{row[key]:6.0f}" if key in row else "     -"
+        r = lambda num, key: f"{row[num] / row[key]:5.2f}" if key in row and num in row else "    -"
+        line = (f"{d:4d} {causal:6d} {s:6d} | {f('ours')} {f('fa2')} {f('cudnn')} | {r('ours', 'fa2')} "
+                f"{r('ours', 'cudnn'):>6} | {row['max_abs_diff_vs_sdpa']:.3g} {row['kernel'].split(' hdim')[0]}")
+        if bwd:
+            line += (f" || {f('ours_bwd')} {f('ours_bwd_det')} {f('fa2_bwd')} {f('cudnn_bwd')} | "
+                     f"{r('ours_bwd', 'fa2_bwd')} {r('ours_bwd', 'cudnn_bwd'):>6} {r('ours_bwd_det', 'ours_bwd'):>8} | "
+                     f"{row['bwd_max_abs_diff_vs_sdpa']:.3g} {row['bwd_kernel'].split(' hdim')[0]}")
+        print(line, flush=True)
+        del q, k, v, out, lse, qt, kt, vt
+        torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)

@@ -153,10 +153,10 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 // (bench/results/h200_hopper_fwd_qrelease_2026-11-29.txt) and was not kept.
 // Two ways to hide the work between two tiles' GEMMs (about 2 us per tile at d=128: the
 // epilogue, and ~1400 cycles of per-tile setup, by a clock64 timeline) were measured against this
-// kernel and not kept (bench/results/h200_session9_2026-12-01.txt; code on branch exp): one
-// turn loop over a tile's key tiles carrying its last P V into the next tile's first turn, with 2
-// Q stages, ran 0.83-0.96 of it (its loop took spills and branches); storing a tile's O only after
-// the next tile's first S was issued, with 2 Q stages, ran 0.73 at d <= 128 (d=256 unchanged).
+// kernel and not kept (bench/results/h200_session9_2026-12-01.txt): one turn loop over a tile's
+// key tiles carrying its last P V into the next tile's first turn, with 2 Q stages, ran 0.83-0.96
+// of it (its loop took spills and branches); storing a tile's O only after the next tile's first
+// S was issued, with 2 Q stages, ran 0.73 at d <= 128 (d=256 unchanged).
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
