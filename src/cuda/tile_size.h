@@ -200,7 +200,9 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
 //   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32
 //          (d=96 runs in these tiles, src/cuda/sm90/bwd_launch.cuh). block_m 128 would need
-//          128 + 64 + 64 accumulator registers, more than the 240 a consumer has.
+//          128 + 64 + 64 accumulator registers, more than the 240 a consumer has. Three Q/dO
+//          stages with one dQ buffer (the same 224 KB) measured 0.97-1.01 of this
+//          (bench/results/h200_hopper_bwd_stages3_2026-12-02.txt).
 //   d=256: src/cuda/sm90/bwd_wide_kernel.cuh, 64 keys and 64 query rows per step: dK + dV of 64 keys
 //          would be 256 registers per thread of one warpgroup, so the warpgroups split the head dim
 //          (128 columns each: 64 + 64 accumulator registers) and share S^T, dP^T through shared
