@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from decode_compare import ROWS, Ours, median_ms
+from decode_compare import HK, HQ, D, ROWS, Ours, median_ms
 from flashattn_abi import load
 
 
@@ -30,15 +30,14 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     libs = {"A": load(a.lib_a), "B": load(a.lib_b)}
-    hq, hk, d = 32, 8, 128
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     print(f"A = {a.lib_a}\nB = {a.lib_b}")
-    print(f"{'b':>3} {'kv':>7} {'page':>5} | {'A us':>7} {'B us':>7} {'cdn us':>7} | {'B/A':>5} {'cud/A':>5} {'cud/B':>5}"
-          " | A rounds / B rounds (us)")
+    print(f"{'b':>3} {'kv':>7} {'page':>5} | {'A us':>7} {'B us':>7} {'cdn us':>7} |"
+          f" {'B/A':>5} {'cud/A':>5} {'cud/B':>5} | A rounds / B rounds (us)")
     for row in a.rows.split(","):
         b, kv = (int(x) for x in row.split("x"))
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, kv, hk, d, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(b, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, kv, HK, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         lens = torch.full((b,), kv, device="cuda", dtype=torch.int32)
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))

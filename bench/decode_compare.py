@@ -29,6 +29,7 @@ from triton.testing import do_bench
 from flashattn_abi import BF16, I32, DecodeArgs, DecodePlan, load, view
 
 ROWS = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 4096))
+HQ, HK, D = 32, 8, 128  # query heads, KV heads, head dim of every row
 
 
 def median_ms(fn):
@@ -123,18 +124,17 @@ def main():
     pages = [x if x == "h" else int(x) for x in a.pages.split(",") if x]
     forced = [int(x) for x in a.splits.split(",") if x]
     rows = [tuple(int(v) for v in r.split("x")) for r in a.rows.split(",") if r]
-    hq, hk, d = 32, 8, 128
     copy = 0.0 if a.no_sdpa else copy_gbps()
     floor = floor_us()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "copy_GBps_rw": copy, "floor_us": floor, "hq": hq, "hk": hk, "d": d, "rows": []}
+           "copy_GBps_rw": copy, "floor_us": floor, "hq": HQ, "hk": HK, "d": D, "rows": []}
     print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)"
           f"  floor {floor:.1f} us (graph of one tiny kernel)")
     print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits':>6} | {'run':>6} {'graph':>6} | {'cudnn':>6} {'fa2':>6} |"
           f" {'graph/cudnn':>11} {'graph/copy':>10} | {'us':>6} {'cdn_us':>6} | max|ours-sdpa|" + ("   (* = splits forced)" if forced else ""))
     for b, kv in rows:
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, kv, hk, d, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(b, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, kv, HK, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         lens = torch.full((b,), kv, device="cuda", dtype=torch.int32)
         nbytes = 2 * k.numel() * 2

@@ -1,6 +1,6 @@
 // What the decode step's fixed costs are made of on this GPU, measured without the library:
-//   * graph replays (CUDA events, median of 200 after warm-up) of a one-CTA kernel alone, after a
-//     1-byte memset node, after a second kernel, and after a kernel with programmatic dependent
+//   * graph replays (CUDA events, median of 200 after warm-up) of a one-CTA kernel alone, after an
+//     8-byte memset node, after a second kernel, and after a kernel with programmatic dependent
 //     launch (PDL) so the second kernel may start before the first ends;
 //   * how many thread-block clusters of 1..16 CTAs can be resident at once for a kernel of 128
 //     threads and a given dynamic shared memory (cudaOccupancyMaxActiveClusters), and on how many
@@ -69,6 +69,8 @@ float graph_us(cudaStream_t st, F&& body) {
     if (i >= 30) t.push_back(ms * 1e3f);
   }
   std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
   return t[t.size() / 2];
@@ -132,8 +134,12 @@ int main() {
       std::vector<int> h(8 * c);
       CK(cudaMemcpy(h.data(), smid, h.size() * 4, cudaMemcpyDeviceToHost));
       std::set<int> u(h.begin(), h.end());
-      std::printf("  c%d: %d%s (%zu CTAs on %zu SMs)\n", c, n, e == cudaSuccess ? "" : cudaGetErrorString(e), h.size(), u.size());
+      std::printf("  c%d: %d%s (%zu CTAs on %zu SMs)\n", c, n, e == cudaSuccess ? "" : cudaGetErrorString(e), h.size(),
+                  u.size());
     }
   }
+  CK(cudaFree(smid));
+  CK(cudaFree(x));
+  CK(cudaStreamDestroy(st));
   return 0;
 }
