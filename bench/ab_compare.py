@@ -10,6 +10,7 @@ A's (they compute the same function, so they agree within rounding).
 
   python3 bench/ab_compare.py --lib-a base/libflashattn.so --lib-b build/libflashattn.so --d 64 --causal 1
   python3 bench/ab_compare.py ... --modes bwd   # the backward (default mode) instead
+  python3 bench/ab_compare.py ... --modes bwd --deterministic   # the backward's deterministic mode
 """
 import argparse
 import ctypes as C
@@ -32,7 +33,7 @@ def median_ms(fn):
 class Problem:
     """One shape's tensors and the argument structs both libraries are called with."""
 
-    def __init__(self, b, s, h, d, causal):
+    def __init__(self, b, s, h, d, causal, deterministic=False):
         self.q, self.k, self.v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         self.out = torch.empty_like(self.q)
         self.lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
@@ -52,6 +53,7 @@ class Problem:
             setattr(self.bwd, name, view(getattr(self, name), BF16))
         self.bwd.lse = view(self.lse, F32)
         self.bwd.options = self.fwd.options
+        self.bwd.deterministic = int(deterministic)
 
 
 def runner(lib, prob, mode):
@@ -74,17 +76,19 @@ def main():
     add_sweep_args(p, "2048,4096,8192,16384", lib=False)
     p.add_argument("--modes", default="fwd", help="fwd, bwd or fwd,bwd")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--deterministic", action="store_true", help="both sides' backward in deterministic mode "
+                   "(cuDNN's column stays its default backward)")
     p.add_argument("--json")
     a = p.parse_args()
     libs = {"A": load(a.lib_a), "B": load(a.lib_b)}
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
-    print(f"A = {a.lib_a}\nB = {a.lib_b}")
+    print(f"A = {a.lib_a}\nB = {a.lib_b}" + ("\nbackward: deterministic mode" if a.deterministic else ""))
     print(f"{'mode':>4} {'d':>4} {'causal':>6} {'s':>6} | {'A':>6} {'B':>6} {'cudnn':>6} | {'B/A':>5} {'A/cud':>5} "
           f"{'B/cud':>5} | A rounds / B rounds (TFLOP/s)")
     for mode in a.modes.split(","):
         for d, causal, s, b, h in shapes(a):
-            prob = Problem(b, s, h, d, causal)
+            prob = Problem(b, s, h, d, causal, a.deterministic)
             work = flops(b, h, s, d, causal, mode)
             fwd = {k: runner(lib, prob, "fwd") for k, lib in libs.items()}
             run = fwd if mode == "fwd" else {k: runner(lib, prob, mode) for k, lib in libs.items()}

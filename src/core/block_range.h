@@ -76,6 +76,17 @@ FA_HD int64_t first_key_tile_seeing(const MaskSpec& mask, int64_t m, int64_t blo
   return x <= 0 ? 0 : x / block_n;
 }
 
+// The last key tile whose query_tiles_seeing range holds query tile m, given that one does, under a
+// right bound (window_right >= 0): key tile n starts at query tile rows_seeing's first row / block_m,
+// first = max(0, n * block_n - (seqlen_k - seqlen_q) - window_right), and m is visited by every n
+// whose first row lies below (m + 1) * block_m, up to the last key tile.
+FA_HD int64_t last_key_tile_seeing(const MaskSpec& mask, int64_t m, int64_t block_m, int64_t block_n) {
+  const int64_t x = (m + 1) * block_m + (mask.seqlen_k - mask.seqlen_q) + mask.window_right - 1;
+  const int64_t last = (mask.seqlen_k + block_n - 1) / block_n - 1;
+  const int64_t n = x < 0 ? -1 : x / block_n;
+  return n < last ? n : last;
+}
+
 // A mask around one (query row q0, key k0) pair in 32-bit offsets: element (q0 + dq, k0 + dk), dq
 // and dk >= 0, is visible iff the query row and the key are inside their sequences (dq < rows, dk
 // < keys) and dk - dq lies in the window's diagonal band [lo, hi] (MaskSpec's lo and hi, taken

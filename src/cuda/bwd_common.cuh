@@ -25,7 +25,7 @@ struct BwdWorkspace {
   float* lse2 = nullptr;      // lse * log2(e), +inf for rows that saw nothing
   float* delta = nullptr;     // D = rowsum(dO o O)
   float* dq_accum = nullptr;  // [splits][...] in the path's own layout
-  int splits = 1;             // > 1 only in deterministic mode with slices
+  int splits = 1;             // > 1 only in the portable path's deterministic mode (dQ slices)
   // Ordered deterministic mode (Hopper path): per dQ tile (and column half, d = 256), how many key
   // tiles have added their part; key tiles add in order, each waiting for its turn.
   int* dq_turn = nullptr;

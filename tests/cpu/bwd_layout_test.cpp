@@ -43,23 +43,27 @@ TEST(BackwardLayout, KeyTilesVisitExactlyTheQueryTilesThatSeeThem) {
     }
 }
 
-// The deterministic backward's order: the key tiles that visit a query tile are consecutive, and
-// first_key_tile_seeing is the first of them. Walking their query tiles downward, key tile n
-// reaches query tile m after m_end(n) - 1 - m steps, so later key tiles (later turns) never arrive
-// earlier: m_end is nondecreasing over the visitors.
+// The deterministic backward's orders: the key tiles that visit a query tile are consecutive,
+// first_key_tile_seeing is the first of them and, under a right bound, last_key_tile_seeing the
+// last. Walking their query tiles downward, key tile n reaches query tile m after m_end(n) - 1 - m
+// steps, so later key tiles (later turns) never arrive earlier: m_end is nondecreasing over the
+// visitors. Walking upward (right bounds: turns from the last key tile down), key tile n reaches m
+// after m - m_begin(n) steps, so earlier turns (later key tiles) never arrive later: m_begin is
+// nondecreasing too.
 TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
   using flashattn::core::MaskSpec;
   for (auto [block_m, block_n] : {std::pair<int64_t, int64_t>{64, 128}, {128, 128}, {64, 64}})
-    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {100, 300}, {300, 100}, {257, 257}, {64, 500}, {700, 700}})
-      for (auto [wl, wr] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {10, 0}, {37, 11}, {0, 0}, {-1, 5}, {3, -1}}) {
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {100, 300}, {300, 100}, {257, 257}, {64, 500}, {700, 700}, {900, 130}, {5, 900}})
+      for (auto [wl, wr] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {10, 0}, {37, 11}, {0, 0}, {-1, 5}, {3, -1}, {-1, 200}, {5, 300}}) {
         const MaskSpec mask{sq, sk, wl, wr};
         const int64_t n_blocks = (sk + block_n - 1) / block_n;
         for (int64_t m = 0; m * block_m < sq; ++m) {
-          std::vector<int64_t> visitors, m_ends;
+          std::vector<int64_t> visitors, m_begins, m_ends;
           for (int64_t n = 0; n < n_blocks; ++n) {
             const auto t = flashattn::core::query_tiles_seeing(mask, n * block_n, std::min(sk, (n + 1) * block_n), block_m);
             if (m >= t.m_begin && m < t.m_end) {
               visitors.push_back(n);
+              m_begins.push_back(t.m_begin);
               m_ends.push_back(t.m_end);
             }
           }
@@ -67,7 +71,11 @@ TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
             ASSERT_EQ(visitors[i], visitors[0] + int64_t(i)) << "sq " << sq << " sk " << sk << " window (" << wl << ", "
                                                                << wr << ") query tile " << m;
             EXPECT_EQ(flashattn::core::first_key_tile_seeing(mask, m, block_m, block_n), visitors[0]);
+            if (wr >= 0)
+              EXPECT_EQ(flashattn::core::last_key_tile_seeing(mask, m, block_m, block_n), visitors.back())
+                  << "sq " << sq << " sk " << sk << " window (" << wl << ", " << wr << ") query tile " << m;
             if (i > 0) EXPECT_GE(m_ends[i], m_ends[i - 1]) << "key tile " << visitors[i] << ", query tile " << m;
+            if (i > 0) EXPECT_GE(m_begins[i], m_begins[i - 1]) << "key tile " << visitors[i] << ", query tile " << m;
           }
         }
       }

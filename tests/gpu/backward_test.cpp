@@ -327,7 +327,8 @@ Case deterministic_case(int64_t d) {
 }
 
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
-  // The Hopper path's two orders: split slices (causal, d = 64) and turns (the rest).
+  // The Hopper path's two turn orders: key tiles descending under a right bound (causal), ascending
+  // without one; the portable path's per-split slices.
   for (auto [d, causal] : {std::pair<int64_t, bool>{64, true}, {64, false}, {128, true}, {256, true}})
     on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
       Case c = deterministic_case(d);
@@ -363,16 +364,45 @@ TEST_F(GpuBackward, DeterministicModeWithinTheRule) {
   }
 }
 
+// Varlen batches (empty and short sequences, sequences of fewer key tiles than the grid's, whose
+// missing key tiles come first in the causal order) with grouped heads: the ordered mode's turns
+// stay within the accuracy rule and repeat bitwise.
+TEST_F(GpuBackward, DeterministicModeVarlen) {
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.varlen_q = {0, 17, 330, 1, 200};
+      c.varlen_k = {5, 0, 330, 450, 70};
+      c.batch = 5;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.head_dim = d;
+      c.causal = causal;
+      c.deterministic = true;
+      check_case(c, 420 + uint32_t(d) + (causal ? 1 : 0));
+      SCOPED_TRACE(describe(c));
+      Problem pr(c, 430);
+      pr.forward();
+      pr.backward();
+      const std::vector<unsigned char> dq0 = pr.dq.storage;
+      for (int run = 0; run < 10; ++run) {
+        pr.backward();
+        ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
+      }
+    }
+}
+
 // One head's key tiles outnumber what the GPU holds at once (24000 keys: 188 key tiles of 128 at
-// d=128, one CTA per SM): key tiles wait for turns of CTAs that are not resident yet, and the ordered
-// mode must still finish (lower key tiles start first, and a key tile only ever waits for lower
-// ones), repeat bitwise, and agree with the default mode to rounding.
+// d=128, 375 of 64 at d=256, one CTA per SM): key tiles wait for turns of CTAs that are not
+// resident yet, and the ordered mode must still finish (a key tile only ever waits for key tiles
+// that start before it: lower ones, or higher ones under a right bound, which then start first),
+// repeat bitwise, and agree with the default mode to rounding.
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
-  for (bool causal : {false, true}) {
+  for (auto [d, causal] : {std::pair<int64_t, bool>{128, false}, {128, true}, {256, true}}) {
     Case c;
     c.heads_q = c.heads_kv = 1;
     c.seqlen_q = c.seqlen_k = 24000;
-    c.head_dim = 128;
+    c.head_dim = d;
     c.causal = causal;
     SCOPED_TRACE(describe(c));
     Problem fast(c, 410);

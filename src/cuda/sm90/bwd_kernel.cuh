@@ -25,15 +25,11 @@
 //     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
 //     dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
-// Determinism (bwd_launch.cuh picks one of two orders):
-//   ordered: one CTA per work tile; the writer adds a step's dQ tile only when the key tiles before
-//     this one (of those visiting the query tile, core::first_key_tile_seeing) have added theirs,
-//     waits for its addition to complete and passes the turn (a counter per dQ tile in the
-//     workspace). Key tiles walk their query tiles downward (KeySteps), so they reach each dQ tile
-//     in turn order rather than waiting.
-//   slices: the grid has `splits` CTAs per (KV head, batch), each with its own dQ slice; a CTA's
-//     key tiles add into its slice in order (the writer waits for one key tile's adds to complete
-//     before the next tile's), so each element's additions have a fixed order.
+// Determinism: one CTA per work tile; the writer adds a step's dQ tile only when the key tiles whose
+//     turn comes before this one's have added theirs, waits for its addition to complete and passes
+//     the turn (a counter per dQ tile in the workspace). KeySteps orders the walk and the turns so
+//     that key tiles reach each dQ tile in turn order rather than waiting: downward in key-tile
+//     order without a right bound, upward from the last key tile down with one.
 #pragma once
 
 #include <cuda.h>
@@ -54,18 +50,18 @@
 namespace flashattn::cuda::sm90 {
 
 // Which work tiles (key tile, KV head, batch entry) a CTA visits, in the same sequence for every
-// role (bwd_launch.cuh picks the order):
-//   per_head (deterministic mode with slices): the grid is (splits, KV heads, batch); CTA x takes
-//     key tiles x, x + splits, ... of its (KV head, batch entry), adding into its own dQ slice.
-//   else a 1-D grid over the indices of `order` (its num_m_blocks counts key tiles, its heads KV
-//     heads; under a right bound longest first, which for key tiles is the first one, n = 0): CTA
-//     x takes index x, then x + gridDim.x, ... (static), or, when `counter` is set, the next index
-//     the producer draws from it (dynamic: tiles differ in length, causal ones by up to the whole
-//     query length, and each CTA drawing its next one balances them across SMs).
+// role (bwd_launch.cuh picks the order): a 1-D grid over the indices of `order` (its num_m_blocks
+// counts key tiles, its heads KV heads; under a right bound longest first, which for key tiles is
+// the first one, n = 0): CTA x takes index x, then x + gridDim.x, ... (static), or, when `counter`
+// is set, the next index the producer draws from it (dynamic: tiles differ in length, causal ones
+// by up to the whole query length, and each CTA drawing its next one balances them across SMs).
 struct BwdSchedule {
   TileScheduler order;
   int* counter = nullptr;  // zeroed; dynamic index = gridDim.x + the count drawn before
-  bool per_head = false;
+  // Ordered deterministic mode in KeySteps' `up` order (under a right bound): a key tile waits
+  // only for the later key tiles of its head, so those come first in launch order (index order,
+  // the order the hardware starts CTAs in), and a waiting CTA never waits for one not started.
+  bool keys_descending = false;
 };
 
 struct BwdParams {
@@ -113,31 +109,48 @@ struct BwdTraits {
 
 // The query steps of one key tile: query tiles [m_begin, m_begin + m_tiles) of each of the group's
 // query heads. Computed identically by every role. Default order: head-major, query tiles upward.
-// Ordered deterministic mode (kDown): query tiles from the last down, the group's heads innermost.
-// Key tiles add into a dQ tile in key-tile order, and in this order a key tile reaches a query tile
-// no earlier than the key tiles before it: key tile n's last query tile is nondecreasing in n, and
-// it is m_last(n) - m steps from its start. Walking upward, the causal mask's later key tiles would
-// reach their first (diagonal) query tiles long before key tile 0 got there, and wait for it.
-template <bool kDown>
+// Ordered deterministic mode (kOrdered): the group's heads innermost, and the key tiles visiting a
+// dQ tile add into it one after another, in a turn order chosen so that each reaches the tile no
+// earlier than the one before it (else it waits for it, idle):
+//   * no right bound: query tiles from the last down, turns in key-tile order. Key tile n's last
+//     query tile is nondecreasing in n, and it reaches m after m_last(n) - m steps.
+//   * `up` (under a right bound: causal, windows; bwd_launch.cuh says when): query tiles from the
+//     first up, turns from the last key tile down. Key tile n's first query tile is nondecreasing in n, and it reaches m after
+//     m - m_first(n) steps, so every key tile starts at its diagonal with the first turn there and
+//     finds each later tile's earlier turns one step or more ahead of it. Walking down instead, all
+//     of them would start at the last query tile, key tile n in turn n, and wait n turns before
+//     its first addition.
+template <bool kOrdered>
 struct KeySteps {
   int64_t m_begin, m_tiles;
   int steps, group;
+  bool up;  // ordered mode: upward walk, turns from the last key tile down
   // Query head (within the group) and query tile of step s.
-  __device__ __forceinline__ int head(int s) const { return kDown ? s % group : int(s / m_tiles); }
+  __device__ __forceinline__ int head(int s) const { return kOrdered ? s % group : int(s / m_tiles); }
   __device__ __forceinline__ int64_t m_of(int s) const {
-    return kDown ? m_begin + m_tiles - 1 - s / group : m_begin + s % m_tiles;
+    if constexpr (kOrdered) return up ? m_begin + s / group : m_begin + m_tiles - 1 - s / group;
+    return m_begin + s % m_tiles;
   }
 };
 
-template <int BM, int BN, bool kDown = false>
-__device__ __forceinline__ KeySteps<kDown> key_steps(const core::MaskSpec& mask, int64_t n, int group) {
+// Ordered mode: key tile n's turn at query tile m (how many of the key tiles visiting m add before
+// it), in KeySteps' order.
+template <int BM, int BN>
+__device__ __forceinline__ int ordered_turn(const core::MaskSpec& mask, int64_t n, int64_t m, bool up) {
+  return int(up ? core::last_key_tile_seeing(mask, m, BM, BN) - n : n - core::first_key_tile_seeing(mask, m, BM, BN));
+}
+
+template <int BM, int BN, bool kOrdered = false>
+__device__ __forceinline__ KeySteps<kOrdered> key_steps(const core::MaskSpec& mask, int64_t n, int group,
+                                                        bool up = false) {
   const int64_t key0 = n * BN, key1 = mask.seqlen_k < key0 + BN ? mask.seqlen_k : key0 + BN;
   const core::QueryTiles q = core::query_tiles_seeing(mask, key0, key1, BM);
-  KeySteps<kDown> k;
+  KeySteps<kOrdered> k;
   k.m_begin = q.m_begin;
   k.m_tiles = q.m_end - q.m_begin;
   k.steps = int(k.m_tiles * group);
   k.group = group;
+  k.up = kOrdered && up;
   return k;
 }
 
@@ -252,27 +265,31 @@ __device__ __forceinline__ int next_tile_index(const BwdSchedule& s, const BwdRi
 }
 
 // The work tile of schedule index idx; false past the last one.
+template <bool kOrdered>
 __device__ __forceinline__ bool tile_at(const BwdSchedule& s, int idx, BwdTile* t) {
-  if (s.per_head) {
-    t->n = idx;
-    t->hk = int(blockIdx.y);
-    t->b = int(blockIdx.z);
-    return idx < s.order.num_m_blocks;
-  }
   if (idx >= s.order.num_tiles()) return false;
   int m;
   s.order.tile(idx, &m, &t->hk, &t->b);
-  t->n = s.order.longest_first ? s.order.num_m_blocks - 1 - m : m;
+  const bool descending = kOrdered ? s.keys_descending : s.order.longest_first;
+  t->n = descending ? s.order.num_m_blocks - 1 - m : m;
   return true;
+}
+
+// The first key tile of a CTA on a grid over key tiles (blockIdx.x), in BwdSchedule's order.
+template <bool kOrdered>
+__device__ __forceinline__ unsigned grid_key_tile(const BwdSchedule& s) {
+  if constexpr (kOrdered)
+    if (s.keys_descending) return gridDim.x - 1 - blockIdx.x;
+  return blockIdx.x;
 }
 
 // The j-th work tile of a role that reads the schedule (the consumers, the dQ writer; idx: the
 // previous index in, this one out) and its sequences; false past the last tile.
-template <int BM, int BN>
+template <int BM, int BN, bool kOrdered>
 __device__ __forceinline__ bool read_work_tile(const BwdParams& P, const BwdRing& r, int j, int& idx, BwdTile* tl,
                                                BwdCta* cta) {
   idx = next_tile_index(P.sched, r, j, idx, false);
-  if (!tile_at(P.sched, idx, tl)) return false;
+  if (!tile_at<kOrdered>(P.sched, idx, tl)) return false;
   *cta = bwd_cta<BM, BN>(P.p, tl->hk, tl->b);
   return true;
 }
@@ -281,13 +298,13 @@ __device__ __forceinline__ bool read_work_tile(const BwdParams& P, const BwdRing
 // step of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout
 // of src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it. kt and
 // it count the K/V tiles and the steps loaded so far (ring phases).
-template <class T, bool kDown>
+template <class T, bool kOrdered>
 __device__ __forceinline__ void thread_load_tile(const BwdParams& P, const BwdCta& c, const BwdRing& r, int64_t n,
                                                  int& kt, int& it) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   const BwdWorkspace& ws = P.ws;
   const int tma_b = c.varlen ? 0 : c.b;
-  const auto ks = key_steps<BM, BN, kDown>(c.mask, n, c.group);
+  const auto ks = key_steps<BM, BN, kOrdered>(c.mask, n, c.group, P.sched.keys_descending);
   if (ks.steps == 0) return;
   const int key0 = int(c.k0 + n * BN);
   ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
@@ -320,27 +337,28 @@ __device__ __forceinline__ void thread_prefetch_maps(const BwdParams& P) {
 
 // The producer (one elected thread) over the CTA's work tiles: the schedule's walk
 // (next_tile_index, tile_at).
-template <class T, bool kDown>
+template <class T, bool kOrdered>
 __device__ __forceinline__ void thread_load_walk(const BwdParams& P, const BwdRing& r) {
   thread_prefetch_maps(P);
   int kt = 0, it = 0;
   for (int j = 0, idx = 0;; ++j) {
     idx = next_tile_index(P.sched, r, j, idx, true);
     BwdTile tl;
-    if (!tile_at(P.sched, idx, &tl)) break;
+    if (!tile_at<kOrdered>(P.sched, idx, &tl)) break;
     const BwdCta c = bwd_cta<T::kBlockM, T::kBlockN>(P.p, tl.hk, tl.b);
-    if (tl.n < c.n_blocks) thread_load_tile<T, kDown>(P, c, r, tl.n, kt, it);
+    if (tl.n < c.n_blocks) thread_load_tile<T, kOrdered>(P, c, r, tl.n, kt, it);
   }
 }
 
-// The producer of a CTA with one (KV head, batch entry) `c` from the grid: key tiles blockIdx.x,
-// + gridDim.x, ... (a kernel that never walks keeps this lighter loop: the walk's extra live
-// values in this thread changed the d = 256 kernel's register allocation).
-template <class T, bool kDown>
+// The producer of a CTA with one (KV head, batch entry) `c` from the grid: key tiles
+// grid_key_tile, + gridDim.x, ... (a kernel that never walks keeps this lighter loop: the walk's
+// extra live values in this thread changed the d = 256 kernel's register allocation).
+template <class T, bool kOrdered>
 __device__ __forceinline__ void thread_load_cta(const BwdParams& P, const BwdCta& c, const BwdRing& r) {
   thread_prefetch_maps(P);
   int kt = 0, it = 0;
-  for (int64_t n = blockIdx.x; n < c.n_blocks; n += gridDim.x) thread_load_tile<T, kDown>(P, c, r, n, kt, it);
+  for (int64_t n = grid_key_tile<kOrdered>(P.sched); n < c.n_blocks; n += gridDim.x)
+    thread_load_tile<T, kOrdered>(P, c, r, n, kt, it);
 }
 
 // Boundary steps (a partial query tile, or keys a row must not see): bit i set when accumulator i
@@ -457,8 +475,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const BwdRing ring = bwd_ring<T>(smem, sdQ + NB * BM * D);
   __syncthreads();
 
-  // Deterministic mode with slices (each split its own dQ slice) or ordered (turns per dQ tile).
-  const bool sliced = P.sched.per_head;
   const int wg = int(threadIdx.x) / 128;
 
   if (wg == 0) {
@@ -468,16 +484,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
       thread_load_walk<T, kOrdered>(P, ring);
     } else if (warp == 1) {
       // ---- dQ writer ----
-      float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
       int it = 0;
       for (int j = 0, idx = 0;; ++j) {
         BwdTile tl;
         BwdCta cta;
-        if (!read_work_tile<BM, BN>(P, ring, j, idx, &tl, &cta)) break;
+        if (!read_work_tile<BM, BN, kOrdered>(P, ring, j, idx, &tl, &cta)) break;
         const core::MaskSpec& mask = cta.mask;
         const int64_t n = tl.n;
         if (n >= cta.n_blocks) continue;
-        const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
+        const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.keys_descending);
         if constexpr (kOrdered) {
           // Key tile n adds into query tile m after the key tiles before it (from the first that
           // visits m) and passes the turn once its addition completed. What stands between two key
@@ -488,10 +503,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           for (int s = 0; s < ks.steps; ++s, ++it) {
             const int64_t tile = int64_t(cta.hk * cta.group + ks.head(s)) * ws.tiles_per_head + cta.tile0 + ks.m_of(s);
             const int buf = it % NB;
-            if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, int(n - core::first_key_tile_seeing(mask, ks.m_of(s), BM, BN)));
+            if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), ks.up));
             ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
             if (lane == 0) {
-              ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
+              ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
               ptx::thread_bulk_commit();
               ptx::thread_bulk_wait_read_all();
             }
@@ -504,8 +519,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           }
           continue;
         }
-        // Slices: this key tile's additions start after the previous tile's completed.
-        if (sliced && lane == 0) ptx::thread_bulk_wait_all();
         for (int s = 0; s < ks.steps; ++s, ++it) {
           const int h = cta.hk * cta.group + ks.head(s);
           const int64_t m = ks.m_of(s);
@@ -517,7 +530,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
           if (lane == 0) {
             const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
-            ptx::thread_bulk_reduce_add_f32(slice + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
+            ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
             ptx::thread_bulk_commit();
           }
         }
@@ -576,11 +589,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   for (int j = 0, idx = 0;; ++j) {
     BwdTile tl;
     BwdCta cta;
-    if (!read_work_tile<BM, BN>(P, ring, j, idx, &tl, &cta)) break;
+    if (!read_work_tile<BM, BN, kOrdered>(P, ring, j, idx, &tl, &cta)) break;
     const core::MaskSpec& mask = cta.mask;
     const int64_t n = tl.n;
     if (n >= cta.n_blocks) continue;
-    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.keys_descending);
     const int64_t key0 = n * BN;
     float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -699,7 +712,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 #endif
 }
 
-// dq = the softmax scale times the sum of the dQ slices, un-permuted from fragment order: one CTA
+// dq = the softmax scale times the fp32 dQ accumulator, un-permuted from fragment order: one CTA
 // of 256 threads per (query tile, head, batch). A thread's item is 8 columns of a pair of rows (r,
 // r + 8): the float4s c of the 4 threads t of one quad (g) of a warp, which lie side by side in
 // fragment order, so it reads 64 contiguous bytes and writes two 16-byte rows. Neighbouring
@@ -715,7 +728,6 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
   int64_t q0, sq;
   query_rows(p, b, &q0, &sq);
   if (int64_t(m) * BM >= sq) return;
-  const int64_t slice = int64_t(p.heads_q) * ws.tiles_per_head * BM * D;
   const float* acc = ws.dq_accum + (int64_t(h) * ws.tiles_per_head + tile_base(p, BM, b) + m) * BM * D;
   E* dq = static_cast<E*>(p.dq);
 #pragma unroll
@@ -729,16 +741,7 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
     const float* src = acc + ((c * 2 + part) * 128 + 32 * warp + 4 * g) * 4;
     float4 f[4];
 #pragma unroll
-    for (int t = 0; t < 4; ++t) f[t] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < ws.splits; ++s)
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const float4 x = *reinterpret_cast<const float4*>(src + s * slice + 4 * t);
-        f[t].x += x.x;
-        f[t].y += x.y;
-        f[t].z += x.z;
-        f[t].w += x.w;
-      }
+    for (int t = 0; t < 4; ++t) f[t] = *reinterpret_cast<const float4*>(src + 4 * t);
     const int col = 8 * cc;
     if (col >= p.head_dim) continue;
     const int64_t r = int64_t(m) * BM + (T::kDqSplitRows ? 64 * part : 0) + 16 * warp + g;

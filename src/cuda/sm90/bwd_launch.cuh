@@ -51,21 +51,22 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   BwdWorkspace& ws = P.ws;
   ws.tile_m = BM;
   ws.tiles_per_head = tiles_per_head(p, BM);
-  // Deterministic mode, in one of two orders (the kernels' headers explain both):
-  //   ordered: one CTA per work tile; the key tiles that visit a query tile add their dQ into it
-  //     one after another, in key-tile order, each waiting for its turn;
-  //   slices: `splits` CTAs per (KV head, batch), each with its own dQ slice, summed by the
-  //     convert kernel.
-  // Slices for causal (right-bounded) masks at d <= 64, ordered elsewhere: the faster of the two
-  // on the H200 (bf16, 16k tokens, hidden 2048; deterministic / default at 2k and 8k): causal d=64
-  // slices 0.88 / 0.87 against ordered 0.85 / 0.82; non-causal d=64 0.83 / 0.84 against 0.88 / 0.92;
-  // d=128 causal 0.84 / 0.76 against 0.90 / 0.92, non-causal 0.74 / 0.78 against 0.88 / 0.94;
-  // d=256 0.51-0.61 against 0.60-0.77 (bench/results/h200_bwd_deterministic_2026-11-29.txt).
-  const bool sliced = p.deterministic && T::kHeadDim <= 64 && p.window_right >= 0;
-  const bool ordered = p.deterministic && !sliced;
-  ws.splits = sliced ? deterministic_splits(p.heads_kv * p.batch, sms, n_blocks) : 1;
+  // Deterministic mode: one CTA per work tile; the key tiles that visit a query tile add their dQ
+  // into it one after another, each waiting for its turn, in one of KeySteps' two orders
+  // (bwd_kernel.cuh): key tiles ascending, walking down; or, under a right bound, `up`: descending,
+  // walking up from the diagonal, which no longer makes the later key tiles wait before their first
+  // addition, but starts the longest key tiles last, so the grid's tail grows. Deterministic
+  // TFLOP/s, up against the ascending order (bench/ab_compare.py --deterministic, H200, bf16, 16k
+  // tokens, hidden 2048, causal, 2k / 4k / 8k / 16k; bench/results/h200_bwd_det_up_2026-12-02.txt):
+  // d=128 337 / 403 / 441 / 454 against 289 / 348 / 408 / 486 (a simulated list schedule of the
+  // grid loses 6% more to the tail at 16k than the ascending order); d=256 212 / 243 / 262 / 274
+  // against 164 / 198 / 213 / 249; d=64 281 / 344 / 380 / 409 against 246 / 293 / 339 / 372 for
+  // per-split dQ slices (then this mode's order for causal d=64; slices are gone from this path).
+  // So `up` under a right bound for d != 128 and, at d=128, up to 64 key tiles per sequence.
+  const bool ordered = p.deterministic;
+  const bool up = ordered && p.window_right >= 0 && (T::kHeadDim != 128 || n_blocks <= 64);
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
-  const size_t accum_bytes = size_t(ws.splits) * size_t(rows) * kTileDim * 4;
+  const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
   const size_t turn_bytes = ordered ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
   // The schedule (bwd_kernel.cuh). Work tiles in index order: longest first under a right bound,
@@ -75,13 +76,12 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   //     a counter. Against one CTA per tile (H200, bf16, 16k tokens, hidden 2048, main kernel's
   //     device time, bench/kernel_times.py; bench/results/h200_bwd_persistent_2026-12-01.txt): d=128
   //     causal 2k 913 -> 859 us, d=64 causal 2k 1220 -> 1206 us.
-  //   * the ordered deterministic mode: one CTA per tile, in index order, key tiles ascending (a
-  //     tile waits only for lower indices, which have started).
+  //   * the ordered deterministic mode: one CTA per tile, in index order, key tiles ascending, or
+  //     descending under a right bound (a tile waits only for lower indices, which have started).
   //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch),
   //     read from blockIdx (see that kernel for why); it takes no schedule.
-  //   * slices: the grid (splits, KV heads, batch), the per_head schedule.
   sm90::BwdSchedule& sched = P.sched;
-  sched.per_head = sliced;
+  sched.keys_descending = up;
   TileScheduler& order = sched.order;
   order.num_m_blocks = int(n_blocks);
   order.heads = int(p.heads_kv);
@@ -89,8 +89,8 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   order.longest_first = !p.deterministic && p.window_right >= 0;
   order.section = l2_section(8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group()),
                              double(p.heads_kv) * double(p.batch), current_device_attribute(cudaDevAttrL2CacheSize));
-  const bool grid_3d = sliced || kWide;  // (x, KV heads, batch); else a 1-D grid over `order`
-  const int64_t tiles = grid_3d ? n_blocks : int64_t(order.num_tiles());
+  // d = 256: the grid (key tiles, KV heads, batch); else a 1-D grid over `order`.
+  const int64_t tiles = kWide ? n_blocks : int64_t(order.num_tiles());
   const bool persistent = !kWide && !p.deterministic;
   const bool dynamic = persistent && tiles > sms;
   const size_t counter_bytes = dynamic ? 16 : 0;
@@ -115,8 +115,8 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
                                 : (ordered ? pick(No{}, Yes{}) : pick(No{}, No{}));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
-  const dim3 grid = grid_3d ? dim3(unsigned(sliced ? ws.splits : n_blocks), unsigned(p.heads_kv), batch)
-                            : dim3(unsigned(persistent ? std::min<int64_t>(tiles, sms) : tiles));
+  const dim3 grid = kWide ? dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch)
+                          : dim3(unsigned(persistent ? std::min<int64_t>(tiles, sms) : tiles));
   if (tiles > 0) {
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
     check_launch("flashattn backward kernel (Hopper path)");

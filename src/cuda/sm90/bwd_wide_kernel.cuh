@@ -20,10 +20,8 @@
 // contiguous bytes per warp instruction): a 64 x 256 fp32 staging buffer does not fit beside K, V
 // and two stages of Q and dO. The workspace order is the d <= 128 kernel's, dQ split by columns, so
 // backward_convert_dq_kernel reads it unchanged.
-// Determinism: ordered (the default deterministic mode) as in bwd_kernel.cuh, per warpgroup half
-// of a dQ tile (two turn counters per tile). With slices, each dQ element of a CTA's slice is added
-// by one thread (the fragment layout fixes which) in program order, so with one slice per split
-// the order of every element's additions is fixed, with no waiting.
+// Determinism: turns as in bwd_kernel.cuh, per warpgroup half of a dQ tile (two turn counters per
+// tile).
 #pragma once
 
 #include <cuda.h>
@@ -108,6 +106,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int key_a = 16 * warp + g;
   const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
+  // The dQ accumulator, addressed as split blockIdx.x's slice when there are several. This path
+  // never has (ws.splits is 1 and deterministic mode runs the turns), but without this offset
+  // ptxas allocates this kernel's registers otherwise and the default backward ran 3-5% slower
+  // (H200, bench/results/h200_bwd_det_up_2026-12-02.txt).
   const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
   float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
 
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   auto turn_of = [&](int tile) { return ws.dq_turn + 2 * int64_t(tile) + cwg; };
   auto await_turn = [&](int tile, int m, int n) {
     if constexpr (kOrdered)
-      if (tid == 0) ptx::thread_wait_turn(turn_of(tile), int(n - core::first_key_tile_seeing(mask, m, BM, BN)));
+      if (tid == 0) ptx::thread_wait_turn(turn_of(tile), ordered_turn<BM, BN>(mask, n, m, P.sched.keys_descending));
   };
   auto pass_turn = [&] {
     if constexpr (kOrdered) {
@@ -305,8 +307,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   // The CTA's key tiles and their query steps. (One loop with the role's branch inside: one loop
   // per role kept more values live and spilled several times as much.)
   int kt = 0, it = 0;
-  for (int64_t n = blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group);
+  for (int64_t n = kOrdered ? grid_key_tile<kOrdered>(P.sched) : blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.keys_descending);
     const int64_t key0 = n * BN;
     float dk[H / 2], dv[H / 2];
 #pragma unroll
