@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "gpu_util.h"
@@ -188,6 +189,29 @@ void check_case(const Case& c, uint32_t seed) {
   return ::testing::AssertionSuccess();
 }
 
+// `runs` more backward passes of `pr` (forward and backward already run) give bitwise its dq, dk, dv.
+void expect_bitwise_repeatable(Problem& pr, int runs) {
+  const std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+  for (int run = 0; run < runs; ++run) {
+    pr.backward();
+    ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
+    ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
+    ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
+  }
+}
+
+// A causal varlen batch of these query and key lengths, 4 query heads sharing 2 KV heads.
+Case grouped_varlen_case(std::vector<int32_t> lengths_q, std::vector<int32_t> lengths_k) {
+  Case c;
+  c.batch = int64_t(lengths_q.size());
+  c.varlen_q = std::move(lengths_q);
+  c.varlen_k = std::move(lengths_k);
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = true;
+  return c;
+}
+
 class GpuBackward : public GpuTest {};
 
 TEST_F(GpuBackward, EveryHeadDimAndDtype) {
@@ -262,13 +286,7 @@ TEST_F(GpuBackward, WindowsSoftcapAndGroupedHeads) {
 }
 
 TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
-  Case c;
-  c.varlen_q = {0, 17, 130, 1, 64};
-  c.varlen_k = {5, 0, 130, 90, 64};
-  c.batch = 5;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  c.causal = true;
+  Case c = grouped_varlen_case({0, 17, 130, 1, 64}, {5, 0, 130, 90, 64});
   check_case(c, 300);
   Case s;
   s.pad = 8;
@@ -338,13 +356,7 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
       pr.forward();
       pr.backward();
       expect_path(c, portable);
-      std::vector<unsigned char> dq0 = pr.dq.storage, dk0 = pr.dk.storage, dv0 = pr.dv.storage;
-      for (int run = 0; run < 50; ++run) {
-        pr.backward();
-        ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
-        ASSERT_EQ(pr.dk.storage, dk0) << "run " << run;
-        ASSERT_EQ(pr.dv.storage, dv0) << "run " << run;
-      }
+      expect_bitwise_repeatable(pr, 50);
     });
 }
 
@@ -370,12 +382,7 @@ TEST_F(GpuBackward, DeterministicModeWithinTheRule) {
 TEST_F(GpuBackward, DeterministicModeVarlen) {
   for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true}) {
-      Case c;
-      c.varlen_q = {0, 17, 330, 1, 200};
-      c.varlen_k = {5, 0, 330, 450, 70};
-      c.batch = 5;
-      c.heads_q = 4;
-      c.heads_kv = 2;
+      Case c = grouped_varlen_case({0, 17, 330, 1, 200}, {5, 0, 330, 450, 70});
       c.head_dim = d;
       c.causal = causal;
       c.deterministic = true;
@@ -384,11 +391,7 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
       Problem pr(c, 430);
       pr.forward();
       pr.backward();
-      const std::vector<unsigned char> dq0 = pr.dq.storage;
-      for (int run = 0; run < 10; ++run) {
-        pr.backward();
-        ASSERT_EQ(pr.dq.storage, dq0) << "run " << run;
-      }
+      expect_bitwise_repeatable(pr, 10);
     }
 }
 
@@ -412,9 +415,7 @@ TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
     Problem det(c, 410);
     det.forward();
     det.backward();
-    const std::vector<unsigned char> dq0 = det.dq.storage;
-    det.backward();
-    ASSERT_EQ(det.dq.storage, dq0);
+    expect_bitwise_repeatable(det, 1);
     for (auto [a, b] : {std::pair{&det.dq, &fast.dq}, {&det.dk, &fast.dk}, {&det.dv, &fast.dv}})
       EXPECT_TRUE(agree_to_rounding(a->values(), b->values()));
   }

@@ -115,11 +115,11 @@ struct BwdTraits {
 //   * no right bound: query tiles from the last down, turns in key-tile order. Key tile n's last
 //     query tile is nondecreasing in n, and it reaches m after m_last(n) - m steps.
 //   * `up` (under a right bound: causal, windows; bwd_launch.cuh says when): query tiles from the
-//     first up, turns from the last key tile down. Key tile n's first query tile is nondecreasing in n, and it reaches m after
-//     m - m_first(n) steps, so every key tile starts at its diagonal with the first turn there and
-//     finds each later tile's earlier turns one step or more ahead of it. Walking down instead, all
-//     of them would start at the last query tile, key tile n in turn n, and wait n turns before
-//     its first addition.
+//     first up, turns from the last key tile down. Key tile n's first query tile is nondecreasing
+//     in n, and it reaches m after m - m_first(n) steps, so every key tile starts at its diagonal
+//     with the first turn there and finds each later tile's earlier turns one step or more ahead
+//     of it. Walking down instead, all of them would start at the last query tile, key tile n in
+//     turn n, and wait n turns before its first addition.
 template <bool kOrdered>
 struct KeySteps {
   int64_t m_begin, m_tiles;

@@ -63,12 +63,11 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // against 164 / 198 / 213 / 249; d=64 281 / 344 / 380 / 409 against 246 / 293 / 339 / 372 for
   // per-split dQ slices (then this mode's order for causal d=64; slices are gone from this path).
   // So `up` under a right bound for d != 128 and, at d=128, up to 64 key tiles per sequence.
-  const bool ordered = p.deterministic;
-  const bool up = ordered && p.window_right >= 0 && (T::kHeadDim != 128 || n_blocks <= 64);
+  const bool up = p.deterministic && p.window_right >= 0 && (T::kHeadDim != 128 || n_blocks <= 64);
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
-  const size_t turn_bytes = ordered ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
+  const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
   // The schedule (bwd_kernel.cuh). Work tiles in index order: longest first under a right bound,
   // heads in sections whose Q, dO (16-bit) and dQ accumulator (fp32) fill at most half the L2, so
   // the CTAs running at once share a few heads' query-side data.
@@ -97,7 +96,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + counter_bytes), stream);
   start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes + counter_bytes, stream);
   unsigned char* after_accum = reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes;
-  if (ordered) ws.dq_turn = reinterpret_cast<int*>(after_accum);
+  if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(after_accum);
   if (dynamic) sched.counter = reinterpret_cast<int*>(after_accum + turn_bytes);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
@@ -111,8 +110,8 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   };
   using Yes = std::true_type;
   using No = std::false_type;
-  auto kernel = p.softcap > 0.f ? (ordered ? pick(Yes{}, Yes{}) : pick(Yes{}, No{}))
-                                : (ordered ? pick(No{}, Yes{}) : pick(No{}, No{}));
+  auto kernel = p.softcap > 0.f ? (p.deterministic ? pick(Yes{}, Yes{}) : pick(Yes{}, No{}))
+                                : (p.deterministic ? pick(No{}, Yes{}) : pick(No{}, No{}));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
   const dim3 grid = kWide ? dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch)
