@@ -169,6 +169,12 @@ struct BwdCta {
   bool varlen;
 };
 
+// The workspace dQ tile of step s of a key tile's walk: its query head's query tile ks.m_of(s).
+template <bool kOrdered>
+__device__ __forceinline__ int64_t dq_tile(const BwdWorkspace& ws, const BwdCta& c, const KeySteps<kOrdered>& ks, int s) {
+  return int64_t(c.hk * c.group + ks.head(s)) * ws.tiles_per_head + c.tile0 + ks.m_of(s);
+}
+
 // What the producer fills and the consumers drain: K and V (once per key tile), and per query
 // step a stage of Q, dO and the tile's lse2 / delta rows, with their mbarriers.
 struct BwdRing {
@@ -501,7 +507,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // reduction has read it, before its global writes complete.
           if (ks.steps > 0) ptx::thread_named_arrive(T::kDqEmptyBarrier + it % NB, 256 + 32);
           for (int s = 0; s < ks.steps; ++s, ++it) {
-            const int64_t tile = int64_t(cta.hk * cta.group + ks.head(s)) * ws.tiles_per_head + cta.tile0 + ks.m_of(s);
+            const int64_t tile = dq_tile(ws, cta, ks, s);
             const int buf = it % NB;
             if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), ks.up));
             ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);

@@ -21,7 +21,8 @@
 // and two stages of Q and dO. The workspace order is the d <= 128 kernel's, dQ split by columns, so
 // backward_convert_dq_kernel reads it unchanged.
 // Determinism: turns as in bwd_kernel.cuh, per warpgroup half of a dQ tile (two turn counters per
-// tile).
+// tile), each half's kept by a thread of the producer warpgroup (thread_keep_turns), off the
+// consumers' path.
 #pragma once
 
 #include <cuda.h>
@@ -59,14 +60,48 @@ struct WideBwdTraits {
   static constexpr int kDpBarrier = 1;
   static constexpr int kPBarrier = 2;
   static constexpr int kDsBarrier = 3;
-  static constexpr int kTurnBarrier = 4;  // + consumer warpgroup: its turn to add dQ (ordered mode)
   static constexpr int kTileReaders = 0;  // one tile per CTA: no tile handoff
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  // mbarriers: the ring's (K/V full and empty, Q full, dO full, Q/dO empty per stage), then the
+  // ordered mode's turn handshake per consumer warpgroup: "turn granted", "dQ added" (TurnBars).
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages + 4);
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes + kDpBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
   static_assert(kHalf % 64 == 0, "a warpgroup's columns are whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
+
+// Ordered mode: the handshake between consumer warpgroup c and the thread keeping its turns, two
+// mbarriers per warpgroup after the ring's (this kernel has no tile handoff there).
+struct TurnBars {
+  uint64_t* at;  // granted[2], then added[2]
+  __device__ __forceinline__ uint64_t* granted(int c) const { return at + c; }
+  __device__ __forceinline__ uint64_t* added(int c) const { return at + 2 + c; }
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Ordered mode: the turns of consumer warpgroup c's half of each step's dQ tile, kept by one
+// thread of the producer warpgroup, so the consumers neither poll nor wait on a memory fence. Per
+// step (the consumers' walk): await the turn, grant it to the warpgroup, wait until its 128
+// threads arrived after their reductions, and pass the turn. Their mbarrier arrivals release
+// their reductions to this thread, and its gpu-scope release passes them on (cumulativity).
+template <class T>
+__device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdCta& cta, const TurnBars& bars, int c) {
+  constexpr int BM = T::kBlockM, BN = T::kBlockN;
+  const BwdWorkspace& ws = P.ws;
+  const bool up = P.sched.keys_descending;
+  uint32_t phase = 0;
+  for (int64_t n = grid_key_tile<true>(P.sched); n < cta.n_blocks; n += gridDim.x) {
+    const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, up);
+    for (int s = 0; s < ks.steps; ++s, phase ^= 1u) {
+      int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + c;
+      ptx::thread_wait_turn(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), up));
+      ptx::thread_mbarrier_arrive(bars.granted(c));
+      ptx::thread_mbarrier_wait(bars.added(c), phase);
+      ptx::thread_pass_turn(turn);
+    }
+  }
+}
+#endif
 
 template <class T, bool kSoftcap, bool kOrdered>
 __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __grid_constant__ BwdParams P) {
@@ -82,6 +117,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   unsigned char* sdS = sP + T::kPBytes;                                // dS^T, same layout
   float* sdP = reinterpret_cast<float*>(sdS + T::kPBytes);             // dP^T, fragment order
   const BwdRing ring = bwd_ring<T>(smem, sdP + BN * BM);
+  const TurnBars turn_bars{ring.qdo_empty + S};
+  if constexpr (kOrdered)
+    if (threadIdx.x == 0) {
+      for (int c = 0; c < 2; ++c) {
+        ptx::thread_mbarrier_init(turn_bars.granted(c), 1);
+        ptx::thread_mbarrier_init(turn_bars.added(c), 128);
+      }
+      ptx::thread_fence_mbarrier_init();
+    }
   __syncthreads();
 
   // The grid is (key tiles, KV heads, batch) and this kernel reads no schedule: the tile walk of
@@ -93,6 +137,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_cta<T, kOrdered>(P, cta, ring);
+    if constexpr (kOrdered) {
+      const int warp = int(threadIdx.x) / 32;
+      if ((warp == 1 || warp == 2) && ptx::warp_elect_one()) thread_keep_turns<T>(P, cta, turn_bars, warp - 1);
+    }
     return;
   }
 
@@ -123,37 +171,22 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int half_off = cwg * (H / 64) * BM * 128;
 
   // dQ[:, half] (warpgroup_issue_dq) into workspace tile `tile` (query head, query tile), once it
-  // landed. Ordered deterministic mode: each warpgroup's half of the tile takes its turn after the
-  // key tiles before this one (from the first visiting query tile m). Thread 0 awaits the turn
-  // while the dQ product runs (await_turn); pass_turn passes it after the next step's first product
-  // is issued: the warpgroup's barrier orders every thread's reductions before thread 0's release
-  // (cumulative over what the barrier ordered before it, as CUTLASS's semaphore relies on), so no
-  // thread but thread 0 waits for its reductions to be performed.
-  int* held = nullptr;  // ordered mode: the turn this warpgroup holds
-  auto turn_of = [&](int tile) { return ws.dq_turn + 2 * int64_t(tile) + cwg; };
-  auto await_turn = [&](int tile, int m, int n) {
-    if constexpr (kOrdered)
-      if (tid == 0) ptx::thread_wait_turn(turn_of(tile), ordered_turn<BM, BN>(mask, n, m, P.sched.keys_descending));
-  };
-  auto pass_turn = [&] {
-    if constexpr (kOrdered) {
-      if (held != nullptr) {
-        ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
-        if (tid == 0) ptx::thread_pass_turn(held);
-        held = nullptr;
-      }
-    }
-  };
+  // landed. Ordered deterministic mode: once this warpgroup's turn keeper (thread_keep_turns)
+  // granted the turn at the tile, each thread then arriving after its reductions.
+  uint32_t turn_phase = 0;  // ordered mode: the handshake's phase (one per step)
   auto add_dq = [&](float(&dq)[H / 2], int tile) {
     ptx::thread_pin(dq);
-    if constexpr (kOrdered) ptx::thread_named_sync(T::kTurnBarrier + cwg, 128);
+    if constexpr (kOrdered) ptx::thread_mbarrier_wait(turn_bars.granted(cwg), turn_phase);
     // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
     // address (immediate offsets, not one 64-bit address per instruction).
     float* dst = slice + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
 #pragma unroll
     for (int c = 0; c < H / 8; ++c)
       ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
-    if constexpr (kOrdered) held = turn_of(tile);
+    if constexpr (kOrdered) {
+      ptx::thread_mbarrier_arrive(turn_bars.added(cwg));
+      turn_phase ^= 1u;
+    }
   };
 
   // One query step: its ring stage, its workspace tile, and where its operands sit.
@@ -176,7 +209,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_pin(st);
     ptx::warpgroup_fence();
     warpgroup_product_over_d<T>(st, kv_desc, ptx::make_smem_desc_sw128(at.q, 16, 1024));
-    pass_turn();
     // The step's mask while S^T is on the tensor cores (see the d <= 128 kernel).
     const int64_t m0 = int64_t(m) * BM;
     const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
@@ -258,7 +290,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     thread_release_stage(ring, stage);
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
-    await_turn(at.tile, at.m, at.n);
     ptx::warpgroup_wait<0>();
     add_dq(dq, at.tile);
   };
@@ -274,7 +305,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_pin(dp);
     ptx::warpgroup_fence();
     warpgroup_product_over_d<T>(dp, kv_desc, ptx::make_smem_desc_sw128(at.dout, 16, 1024));
-    pass_turn();
     ptx::warpgroup_wait<0>();
     ptx::thread_pin(dp);
     // The score warpgroup read the previous step's dP^T before the last P barrier.
@@ -295,7 +325,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::warpgroup_commit();
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
-    await_turn(at.tile, at.m, at.n);
     ptx::warpgroup_wait<1>();
     ptx::thread_pin(dv);
     ptx::thread_pin(dk);
@@ -339,7 +368,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
       ++kt;
     }
-    pass_turn();
     thread_store_dk_dv<E>(p, cta, key0, BN, key_a, cwg * H, t, dk, dv);
   }
 #endif
