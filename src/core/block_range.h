@@ -87,6 +87,27 @@ FA_HD int64_t last_key_tile_seeing(const MaskSpec& mask, int64_t m, int64_t bloc
   return n < last ? n : last;
 }
 
+// The deterministic GPU backward's turn order without a mask ("around"): each of n_tiles key tiles
+// visits all m_tiles query tiles, key tile n starting at around_first_query_tile (n * m_tiles /
+// n_tiles, its diagonal) and walking up, wrapping past the last. At query tile m the key tiles add
+// in the order they arrive: from the last one that starts at or below m downward, wrapping past
+// key tile 0 to the last key tile (key tile n's place: around_turn). Key tile n reaches m after
+// (m - first(n)) mod m_tiles steps, so an earlier turn never arrives later (equal starts: the
+// higher key tile first, at every query tile alike), and when n_tiles divides m_tiles no two key
+// tiles reach one query tile in the same step: none waits. (Walking down in key-tile order, all
+// start at the last query tile, and key tile n waits n turns before its first addition.)
+// Both in 32 bits (a 64-bit division is a call, whose saved registers spill in the GPU kernels):
+// the caller ensures m_tiles * (n_tiles + 1) < 2^32.
+FA_HD int around_first_query_tile(int n, int n_tiles, int m_tiles) {
+  return int(uint32_t(n) * uint32_t(m_tiles) / uint32_t(n_tiles));
+}
+
+FA_HD int around_turn(int n, int m, int n_tiles, int m_tiles) {
+  // The last key tile starting at or below m: the largest n with n * m_tiles < (m + 1) * n_tiles.
+  const int last = int((uint32_t(m + 1) * uint32_t(n_tiles) + uint32_t(m_tiles) - 1) / uint32_t(m_tiles)) - 1;
+  return last >= n ? last - n : last - n + n_tiles;
+}
+
 // A mask around one (query row q0, key k0) pair in 32-bit offsets: element (q0 + dq, k0 + dk), dq
 // and dk >= 0, is visible iff the query row and the key are inside their sequences (dq < rows, dk
 // < keys) and dk - dq lies in the window's diagonal band [lo, hi] (MaskSpec's lo and hi, taken

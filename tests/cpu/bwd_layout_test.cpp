@@ -81,6 +81,36 @@ TEST(BackwardLayout, KeyTilesVisitingAQueryTileAreConsecutive) {
       }
 }
 
+// The deterministic backward's order without a mask (core::around_turn): at every query tile the
+// key tiles' turns are 0..n_tiles-1 once each, a key tile whose turn comes earlier reaches the tile
+// no later (its step, (m - first) mod m_tiles, is no larger), and ties go to the higher key tile at
+// every query tile, so no two key tiles ever wait for each other. When n_tiles divides m_tiles (the
+// square self-attention case among them) no two key tiles reach a query tile in the same step.
+TEST(BackwardLayout, AroundTurnsFollowTheArrivals) {
+  using flashattn::core::around_first_query_tile;
+  using flashattn::core::around_turn;
+  for (int64_t n_tiles = 1; n_tiles <= 40; ++n_tiles)
+    for (int64_t m_tiles = 1; m_tiles <= 90; ++m_tiles)
+      for (int64_t m = 0; m < m_tiles; ++m) {
+        std::vector<int64_t> by_turn(size_t(n_tiles), -1);
+        for (int64_t n = 0; n < n_tiles; ++n) {
+          const int turn = around_turn(n, m, n_tiles, m_tiles);
+          ASSERT_TRUE(turn >= 0 && turn < n_tiles) << n_tiles << " x " << m_tiles << ", key tile " << n << " at " << m;
+          ASSERT_EQ(by_turn[size_t(turn)], -1) << n_tiles << " x " << m_tiles << ": turn " << turn << " twice at " << m;
+          by_turn[size_t(turn)] = n;
+        }
+        auto step = [&](int64_t n) { return (m - around_first_query_tile(n, n_tiles, m_tiles) + m_tiles) % m_tiles; };
+        for (size_t i = 1; i < by_turn.size(); ++i) {
+          const int64_t before = by_turn[i - 1], after = by_turn[i];
+          ASSERT_LE(step(before), step(after)) << n_tiles << " x " << m_tiles << " at " << m;
+          if (step(before) == step(after)) {
+            ASSERT_GT(before, after) << n_tiles << " x " << m_tiles << " at " << m;
+            ASSERT_NE(m_tiles % n_tiles, 0) << n_tiles << " x " << m_tiles << " at " << m;
+          }
+        }
+      }
+}
+
 // core::MaskBand (the Hopper backward's boundary-step mask, 32-bit offsets from one element) agrees
 // with MaskSpec element by element over a tile's offsets, for random sequence lengths, windows
 // (none, zero, small, far past the sequence) and pairs anywhere in or past the sequences.

@@ -345,8 +345,8 @@ Case deterministic_case(int64_t d) {
 }
 
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
-  // The Hopper path's two turn orders: key tiles descending under a right bound (causal), ascending
-  // without one; the portable path's per-split slices.
+  // The Hopper path's turn orders: key tiles descending under a right bound (causal), round from
+  // each key tile's diagonal without a mask; the portable path's per-split slices.
   for (auto [d, causal] : {std::pair<int64_t, bool>{64, true}, {64, false}, {128, true}, {256, true}})
     on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
       Case c = deterministic_case(d);
@@ -373,6 +373,15 @@ TEST_F(GpuBackward, DeterministicModeWithinTheRule) {
     w.window_left = 150;
     w.window_right = 20;
     check_case(w, 403 + uint32_t(d));
+    // No mask, more query tiles than key tiles and fewer: the `around` order's key tiles start
+    // at query tiles spread unevenly, and some start together (one waits for the other).
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{700, 300}, {200, 900}}) {
+      Case a = deterministic_case(d);
+      a.causal = false;
+      a.seqlen_q = sq;
+      a.seqlen_k = sk;
+      check_case(a, 407 + uint32_t(d + sq));
+    }
   }
 }
 
@@ -399,14 +408,21 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
 // d=128, 375 of 64 at d=256, one CTA per SM): key tiles wait for turns of CTAs that are not
 // resident yet, and the ordered mode must still finish (a key tile only ever waits for key tiles
 // that start before it: lower ones, or higher ones under a right bound, which then start first),
-// repeat bitwise, and agree with the default mode to rounding.
+// repeat bitwise, and agree with the default mode to rounding. The same for the `around` order
+// (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of 128 at d=64, 132
+// SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once.
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
-  for (auto [d, causal] : {std::pair<int64_t, bool>{128, false}, {128, true}, {256, true}}) {
+  struct Shape {
+    int64_t d;
+    bool causal;
+    int64_t seqlen, heads;
+  };
+  for (const Shape& sh : {Shape{128, false, 24000, 1}, {128, true, 24000, 1}, {256, true, 24000, 1}, {64, false, 8400, 8}}) {
     Case c;
-    c.heads_q = c.heads_kv = 1;
-    c.seqlen_q = c.seqlen_k = 24000;
-    c.head_dim = d;
-    c.causal = causal;
+    c.heads_q = c.heads_kv = sh.heads;
+    c.seqlen_q = c.seqlen_k = sh.seqlen;
+    c.head_dim = sh.d;
+    c.causal = sh.causal;
     SCOPED_TRACE(describe(c));
     Problem fast(c, 410);
     fast.forward();

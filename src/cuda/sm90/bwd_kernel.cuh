@@ -29,7 +29,8 @@
 //     turn comes before this one's have added theirs, waits for its addition to complete and passes
 //     the turn (a counter per dQ tile in the workspace). KeySteps orders the walk and the turns so
 //     that key tiles reach each dQ tile in turn order rather than waiting: downward in key-tile
-//     order without a right bound, upward from the last key tile down with one.
+//     order without a right bound, upward from the last key tile down with one, and without a mask
+//     (on few enough key tiles) from each key tile's diagonal round.
 #pragma once
 
 #include <cuda.h>
@@ -55,13 +56,17 @@ namespace flashattn::cuda::sm90 {
 // the first one, n = 0): CTA x takes index x, then x + gridDim.x, ... (static), or, when `counter`
 // is set, the next index the producer draws from it (dynamic: tiles differ in length, causal ones
 // by up to the whole query length, and each CTA drawing its next one balances them across SMs).
+// The ordered deterministic mode's turn orders (KeySteps; bwd_launch.cuh picks one).
+enum class TurnOrder : uint8_t { down, up, around };
+
 struct BwdSchedule {
   TileScheduler order;
   int* counter = nullptr;  // zeroed; dynamic index = gridDim.x + the count drawn before
-  // Ordered deterministic mode in KeySteps' `up` order (under a right bound): a key tile waits
-  // only for the later key tiles of its head, so those come first in launch order (index order,
-  // the order the hardware starts CTAs in), and a waiting CTA never waits for one not started.
-  bool keys_descending = false;
+  TurnOrder turns = TurnOrder::down;
+  // In the `up` order a key tile waits only for the later key tiles of its head, so those come
+  // first in launch order (index order, the order the hardware starts CTAs in), and a waiting CTA
+  // never waits for one not started.
+  __device__ __forceinline__ bool keys_descending() const { return turns == TurnOrder::up; }
 };
 
 struct BwdParams {
@@ -112,37 +117,55 @@ struct BwdTraits {
 // Ordered deterministic mode (kOrdered): the group's heads innermost, and the key tiles visiting a
 // dQ tile add into it one after another, in a turn order chosen so that each reaches the tile no
 // earlier than the one before it (else it waits for it, idle):
-//   * no right bound: query tiles from the last down, turns in key-tile order. Key tile n's last
-//     query tile is nondecreasing in n, and it reaches m after m_last(n) - m steps.
+//   * `down`: query tiles from the last down, turns in key-tile order. Key tile n's last query tile
+//     is nondecreasing in n, and it reaches m after m_last(n) - m steps. But all key tiles of an
+//     unbounded mask start at the last query tile, and key tile n waits n turns there.
 //   * `up` (under a right bound: causal, windows; bwd_launch.cuh says when): query tiles from the
 //     first up, turns from the last key tile down. Key tile n's first query tile is nondecreasing
 //     in n, and it reaches m after m - m_first(n) steps, so every key tile starts at its diagonal
 //     with the first turn there and finds each later tile's earlier turns one step or more ahead
-//     of it. Walking down instead, all of them would start at the last query tile, key tile n in
-//     turn n, and wait n turns before its first addition.
+//     of it.
+//   * `around` (no mask, and few enough key tiles per sequence that all of them run at once;
+//     bwd_launch.cuh): every key tile starts at its diagonal, walks up and wraps round
+//     (core::around_turn), so in self-attention no key tile waits at all. A key tile may wait for
+//     a higher one, which must then be running: hence the launcher's bound.
 template <bool kOrdered>
 struct KeySteps {
   int64_t m_begin, m_tiles;
   int steps, group;
-  bool up;  // ordered mode: upward walk, turns from the last key tile down
+  bool up;    // ordered mode: the walk goes up (`up`, `around`), else down
+  int first;  // upward walks: the query tile they start at, relative to m_begin (0 but `around`)
   // Query head (within the group) and query tile of step s.
   __device__ __forceinline__ int head(int s) const { return kOrdered ? s % group : int(s / m_tiles); }
   __device__ __forceinline__ int64_t m_of(int s) const {
-    if constexpr (kOrdered) return up ? m_begin + s / group : m_begin + m_tiles - 1 - s / group;
+    if constexpr (kOrdered) {
+      // An upward walk wraps round past the last query tile (32-bit: query tiles of one sequence).
+      const int i = first + s / group, mt = int(m_tiles);
+      return m_begin + (up ? (i < mt ? i : i - mt) : mt - 1 - s / group);
+    }
     return m_begin + s % m_tiles;
   }
 };
 
+// Key tiles and query tiles of the mask's sequences (the `around` order's cycle).
+template <int BN>
+__device__ __forceinline__ int64_t key_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_k + BN - 1) / BN; }
+template <int BM>
+__device__ __forceinline__ int64_t query_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_q + BM - 1) / BM; }
+
 // Ordered mode: key tile n's turn at query tile m (how many of the key tiles visiting m add before
 // it), in KeySteps' order.
 template <int BM, int BN>
-__device__ __forceinline__ int ordered_turn(const core::MaskSpec& mask, int64_t n, int64_t m, bool up) {
-  return int(up ? core::last_key_tile_seeing(mask, m, BM, BN) - n : n - core::first_key_tile_seeing(mask, m, BM, BN));
+__device__ __forceinline__ int ordered_turn(const core::MaskSpec& mask, int64_t n, int64_t m, TurnOrder turns) {
+  if (turns == TurnOrder::up) return int(core::last_key_tile_seeing(mask, m, BM, BN) - n);
+  if (turns == TurnOrder::around)
+    return core::around_turn(int(n), int(m), int(key_tile_count<BN>(mask)), int(query_tile_count<BM>(mask)));
+  return int(n - core::first_key_tile_seeing(mask, m, BM, BN));
 }
 
 template <int BM, int BN, bool kOrdered = false>
 __device__ __forceinline__ KeySteps<kOrdered> key_steps(const core::MaskSpec& mask, int64_t n, int group,
-                                                        bool up = false) {
+                                                        TurnOrder turns = TurnOrder::down) {
   const int64_t key0 = n * BN, key1 = mask.seqlen_k < key0 + BN ? mask.seqlen_k : key0 + BN;
   const core::QueryTiles q = core::query_tiles_seeing(mask, key0, key1, BM);
   KeySteps<kOrdered> k;
@@ -150,7 +173,11 @@ __device__ __forceinline__ KeySteps<kOrdered> key_steps(const core::MaskSpec& ma
   k.m_tiles = q.m_end - q.m_begin;
   k.steps = int(k.m_tiles * group);
   k.group = group;
-  k.up = kOrdered && up;
+  k.up = kOrdered && turns != TurnOrder::down;
+  k.first = 0;
+  // Without a mask every key tile visits every query tile: m_begin = 0, m_tiles = all of them.
+  if (kOrdered && turns == TurnOrder::around && k.m_tiles > 0)
+    k.first = core::around_first_query_tile(int(n), int(key_tile_count<BN>(mask)), int(k.m_tiles));
   return k;
 }
 
@@ -276,7 +303,7 @@ __device__ __forceinline__ bool tile_at(const BwdSchedule& s, int idx, BwdTile* 
   if (idx >= s.order.num_tiles()) return false;
   int m;
   s.order.tile(idx, &m, &t->hk, &t->b);
-  const bool descending = kOrdered ? s.keys_descending : s.order.longest_first;
+  const bool descending = kOrdered ? s.keys_descending() : s.order.longest_first;
   t->n = descending ? s.order.num_m_blocks - 1 - m : m;
   return true;
 }
@@ -285,7 +312,7 @@ __device__ __forceinline__ bool tile_at(const BwdSchedule& s, int idx, BwdTile* 
 template <bool kOrdered>
 __device__ __forceinline__ unsigned grid_key_tile(const BwdSchedule& s) {
   if constexpr (kOrdered)
-    if (s.keys_descending) return gridDim.x - 1 - blockIdx.x;
+    if (s.keys_descending()) return gridDim.x - 1 - blockIdx.x;
   return blockIdx.x;
 }
 
@@ -310,7 +337,7 @@ __device__ __forceinline__ void thread_load_tile(const BwdParams& P, const BwdCt
   constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   const BwdWorkspace& ws = P.ws;
   const int tma_b = c.varlen ? 0 : c.b;
-  const auto ks = key_steps<BM, BN, kOrdered>(c.mask, n, c.group, P.sched.keys_descending);
+  const auto ks = key_steps<BM, BN, kOrdered>(c.mask, n, c.group, P.sched.turns);
   if (ks.steps == 0) return;
   const int key0 = int(c.k0 + n * BN);
   ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
@@ -498,7 +525,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         const core::MaskSpec& mask = cta.mask;
         const int64_t n = tl.n;
         if (n >= cta.n_blocks) continue;
-        const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.keys_descending);
+        const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.turns);
         if constexpr (kOrdered) {
           // Key tile n adds into query tile m after the key tiles before it (from the first that
           // visits m) and passes the turn once its addition completed. What stands between two key
@@ -509,7 +536,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           for (int s = 0; s < ks.steps; ++s, ++it) {
             const int64_t tile = dq_tile(ws, cta, ks, s);
             const int buf = it % NB;
-            if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), ks.up));
+            if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), P.sched.turns));
             ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
             if (lane == 0) {
               ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
@@ -599,7 +626,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     const core::MaskSpec& mask = cta.mask;
     const int64_t n = tl.n;
     if (n >= cta.n_blocks) continue;
-    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.keys_descending);
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.turns);
     const int64_t key0 = n * BN;
     float dk[D / 2], dv[D / 2];
 #pragma unroll

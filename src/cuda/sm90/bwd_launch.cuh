@@ -52,7 +52,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   ws.tile_m = BM;
   ws.tiles_per_head = tiles_per_head(p, BM);
   // Deterministic mode: one CTA per work tile; the key tiles that visit a query tile add their dQ
-  // into it one after another, each waiting for its turn, in one of KeySteps' two orders
+  // into it one after another, each waiting for its turn, in one of KeySteps' orders
   // (bwd_kernel.cuh): key tiles ascending, walking down; or, under a right bound, `up`: descending,
   // walking up from the diagonal, which no longer makes the later key tiles wait before their first
   // addition, but starts the longest key tiles last, so the grid's tail grows. Deterministic
@@ -63,7 +63,18 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   // against 164 / 198 / 213 / 249; d=64 281 / 344 / 380 / 409 against 246 / 293 / 339 / 372 for
   // per-split dQ slices (then this mode's order for causal d=64; slices are gone from this path).
   // So `up` under a right bound for d != 128 and, at d=128, up to 64 key tiles per sequence.
-  const bool up = p.deterministic && p.window_right >= 0 && (T::kHeadDim != 128 || n_blocks <= 64);
+  // Without a mask, `around` where a sequence's key tiles all fit on the GPU at once twice over: a
+  // key tile may then wait for a higher one, launched after it, and only the sequences before it in
+  // the grid (which never wait for it) may hold the SMs in between. The margin covers SMs taken by
+  // other work. Deterministic non-causal TFLOP/s, around against down (same conditions, 2k / 4k /
+  // 8k; bench/results/h200_bwd_det_around_2026-12-02.txt): d=64 382 / 415 / 431 against 316 / 355 /
+  // 403; d=128 411 / 446 / 465 against 392 / 434 / 470; d=256 (2k / 4k) 292 / 315 against 251 / 290.
+  sm90::TurnOrder turns = sm90::TurnOrder::down;
+  if (p.deterministic && p.window_right >= 0 && (T::kHeadDim != 128 || n_blocks <= 64))
+    turns = sm90::TurnOrder::up;
+  else if (p.deterministic && p.window_left < 0 && p.window_right < 0 && 2 * n_blocks <= sms &&
+           (p.seqlen_q + BM - 1) / BM * (n_blocks + 1) < (int64_t(1) << 32))  // core::around_turn's 32 bits
+    turns = sm90::TurnOrder::around;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
@@ -80,7 +91,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch),
   //     read from blockIdx (see that kernel for why); it takes no schedule.
   sm90::BwdSchedule& sched = P.sched;
-  sched.keys_descending = up;
+  sched.turns = turns;
   TileScheduler& order = sched.order;
   order.num_m_blocks = int(n_blocks);
   order.heads = int(p.heads_kv);

@@ -88,13 +88,12 @@ template <class T>
 __device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdCta& cta, const TurnBars& bars, int c) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN;
   const BwdWorkspace& ws = P.ws;
-  const bool up = P.sched.keys_descending;
   uint32_t phase = 0;
   for (int64_t n = grid_key_tile<true>(P.sched); n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, up);
+    const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, P.sched.turns);
     for (int s = 0; s < ks.steps; ++s, phase ^= 1u) {
       int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + c;
-      ptx::thread_wait_turn(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), up));
+      ptx::thread_wait_turn(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), P.sched.turns));
       ptx::thread_mbarrier_arrive(bars.granted(c));
       ptx::thread_mbarrier_wait(bars.added(c), phase);
       ptx::thread_pass_turn(turn);
@@ -339,7 +338,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   // allocated its registers otherwise and spilled 112 / 388 bytes against 68 / 100.)
   int kt = 0, it = 0;
   for (int64_t n = kOrdered ? grid_key_tile<kOrdered>(P.sched) : blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.keys_descending);
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.turns);
     const int64_t key0 = n * BN;
     float dk[H / 2], dv[H / 2];
 #pragma unroll
