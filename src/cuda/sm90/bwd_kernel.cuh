@@ -133,15 +133,17 @@ template <bool kOrdered>
 struct KeySteps {
   int64_t m_begin, m_tiles;
   int steps, group;
-  bool up;    // ordered mode: the walk goes up (`up`, `around`), else down
-  int first;  // upward walks: the query tile they start at, relative to m_begin (0 but `around`)
+  bool up;          // ordered mode: the walk goes up (`up`, `around`), else down
+  int64_t m_first;  // ordered mode: the walk's first query tile
+  int wrap;         // ordered mode: steps (per head) before an upward walk wraps round
   // Query head (within the group) and query tile of step s.
   __device__ __forceinline__ int head(int s) const { return kOrdered ? s % group : int(s / m_tiles); }
   __device__ __forceinline__ int64_t m_of(int s) const {
     if constexpr (kOrdered) {
-      // An upward walk wraps round past the last query tile (32-bit: query tiles of one sequence).
-      const int i = first + s / group, mt = int(m_tiles);
-      return m_begin + (up ? (i < mt ? i : i - mt) : mt - 1 - s / group);
+      // An upward walk wraps round past the last query tile (only `around`'s ever does). Held as
+      // the first tile and the steps to the wrap: the ordered kernels spill least that way.
+      const int i = s / group;
+      return up ? (i < wrap ? m_first + i : m_first + i - m_tiles) : m_first - i;
     }
     return m_begin + s % m_tiles;
   }
@@ -174,10 +176,13 @@ __device__ __forceinline__ KeySteps<kOrdered> key_steps(const core::MaskSpec& ma
   k.steps = int(k.m_tiles * group);
   k.group = group;
   k.up = kOrdered && turns != TurnOrder::down;
-  k.first = 0;
+  k.m_first = k.up ? k.m_begin : k.m_begin + k.m_tiles - 1;
+  k.wrap = int(k.m_tiles);
   // Without a mask every key tile visits every query tile: m_begin = 0, m_tiles = all of them.
-  if (kOrdered && turns == TurnOrder::around && k.m_tiles > 0)
-    k.first = core::around_first_query_tile(int(n), int(key_tile_count<BN>(mask)), int(k.m_tiles));
+  if (kOrdered && turns == TurnOrder::around && k.m_tiles > 0) {
+    k.m_first = core::around_first_query_tile(int(n), int(key_tile_count<BN>(mask)), int(k.m_tiles));
+    k.wrap = int(k.m_tiles - k.m_first);
+  }
   return k;
 }
 
