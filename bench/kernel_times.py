@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where one call's GPU time goes: every kernel (and memset) of our backward or forward beside
-cuDNN's (PyTorch SDPA's CUDNN_ATTENTION backend), for one shape, from the PyTorch profiler
-(CUPTI's device timestamps of each kernel as it ran, no replay).
+cuDNN's (PyTorch SDPA's CUDNN_ATTENTION backend; --against fa2: its FLASH_ATTENTION backend,
+FlashAttention-2), for one shape, from the PyTorch profiler (CUPTI's device timestamps of each
+kernel as it ran, no replay).
 
 For each side, `--calls` calls run after warm-up under the profiler; the table lists each kernel's
 device time per call (mean over the calls) and their sum. SDPA's backward through autograd adds
@@ -9,6 +10,7 @@ the gradients into .grad (elementwise add kernels), which the anchors' timing in
 listed. Shapes follow the anchors: bf16, 16k tokens in total, hidden 2048.
 
   python3 bench/kernel_times.py --lib build/libflashattn.so --d 64 --s 2048 --causal 1 --mode bwd
+  FLASHATTN_GPU_BACKWARD=portable python3 bench/kernel_times.py ... --against fa2   # the portable path
   ncu --kernel-name regex:... python3 bench/kernel_times.py ... --calls 0   # counters instead
 """
 import argparse
@@ -52,6 +54,7 @@ def main():
     add_sweep_args(p, "2048", head_dims="128")
     p.add_argument("--mode", default="bwd", choices=("fwd", "bwd"))
     p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--against", default="cudnn", choices=("cudnn", "fa2"))
     a = p.parse_args()
     lib = load(a.lib)
     for d, causal, s, b, h in shapes(a):
@@ -60,14 +63,15 @@ def main():
         runner(lib, prob, "fwd")()
         ours = runner(lib, prob, a.mode)
         qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_(a.mode == "bwd") for x in (prob.q, prob.k, prob.v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        backend = SDPBackend.CUDNN_ATTENTION if a.against == "cudnn" else SDPBackend.FLASH_ATTENTION
+        with sdpa_kernel(backend):
             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
             if a.mode == "fwd":
-                cudnn = fn
+                theirs = fn
             else:
                 ref, g = fn(), torch.randn_like(qt)
-                cudnn = lambda: ref.backward(g, retain_graph=True)
-            sides = {"ours": profile_calls(ours, a.calls), "cudnn": profile_calls(cudnn, a.calls)}
+                theirs = lambda: ref.backward(g, retain_graph=True)
+            sides = {"ours": profile_calls(ours, a.calls), a.against: profile_calls(theirs, a.calls)}
         print(f"\n{a.mode} d={d} causal={causal} s={s} b={b} h={h}")
         for side, per_kernel in sides.items():
             if not per_kernel:  # --calls 0 (under ncu): nothing profiled here

@@ -64,6 +64,33 @@ FA_HD QueryTiles query_tiles_seeing(const MaskSpec& m, int64_t c0, int64_t c1, i
   return t;
 }
 
+// Full query tiles (tile size block_m) that need no element-wise mask against the key tile
+// [c0, c0 + block_n): every row sees every key of it, lo(last row) <= c0 and c0 + block_n <=
+// hi(first row) (so none when the key tile runs past seqlen_k). Both bounds are monotone in the
+// query tile, so they are a range: the backward's steps outside it (and the partial last query
+// tile) take the mask. The same test as tile_range's n_nomask range, solved for the query tile.
+FA_HD QueryTiles query_tiles_unmasked(const MaskSpec& m, int64_t c0, int64_t block_n, int64_t block_m) {
+  QueryTiles t;
+  const int64_t off = m.seqlen_k - m.seqlen_q;  // diag(i) = i + off
+  if (c0 < 0 || c0 + block_n > m.seqlen_k) return t;
+  // hi(first row) >= c0 + block_n: first row >= c0 + block_n - off - window_right - 1.
+  int64_t first = 0;
+  if (m.window_right >= 0) {
+    const int64_t need = c0 + block_n - off - m.window_right - 1;
+    first = need <= 0 ? 0 : (need + block_m - 1) / block_m;
+  }
+  // lo(last row) <= c0: last row = t * block_m + block_m - 1 <= c0 - off + window_left.
+  int64_t end = m.seqlen_q / block_m;  // full tiles only
+  if (m.window_left >= 0) {
+    const int64_t top = c0 - off + m.window_left - (block_m - 1);  // t * block_m <= top
+    const int64_t last = top < 0 ? -1 : top / block_m;
+    end = last + 1 < end ? last + 1 : end;
+  }
+  t.m_begin = first;
+  t.m_end = end > first ? end : first;
+  return t;
+}
+
 // The first key tile (tile size block_n) whose query_tiles_seeing range holds query tile m, given
 // that one does: the key tiles that visit a query tile are consecutive (both ends of rows_seeing
 // are nondecreasing in the keys), so a visiting key tile n is number n - this among them, and the

@@ -43,6 +43,31 @@ TEST(BackwardLayout, KeyTilesVisitExactlyTheQueryTilesThatSeeThem) {
     }
 }
 
+// core::query_tiles_unmasked is tile_range's no-mask test solved for the query tile: a full query
+// tile is in it exactly when tile_range over its rows says the key tile needs no mask, for every
+// mask shape, full and partial key tiles, and query tiles past the keys' reach.
+TEST(BackwardLayout, UnmaskedQueryTilesAgreeWithTileRange) {
+  using flashattn::core::MaskSpec;
+  for (auto [block_m, block_n] : {std::pair<int64_t, int64_t>{64, 128}, {128, 128}, {64, 64}, {128, 64}})
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {100, 300}, {300, 100}, {257, 257}, {64, 500}, {700, 700}, {900, 130}, {5, 900}, {1024, 1024}})
+      for (auto [wl, wr] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {10, 0}, {37, 11}, {0, 0}, {-1, 5}, {3, -1}, {-1, 200}, {5, 300}, {400, -1}}) {
+        const MaskSpec mask{sq, sk, wl, wr};
+        for (int64_t n = 0; n * block_n < sk; ++n) {
+          const auto u = flashattn::core::query_tiles_unmasked(mask, n * block_n, block_n, block_m);
+          for (int64_t m = 0; m * block_m < sq; ++m) {
+            const int64_t r0 = m * block_m, r1 = std::min(sq, r0 + block_m);
+            const auto tr = flashattn::core::tile_range(mask, r0, r1, block_n);
+            // Only key tiles the query tile visits are asked about (the backward's steps).
+            if (n < tr.n_begin || n >= tr.n_end) continue;
+            const bool unmasked = r1 - r0 == block_m && !tr.needs_mask(n);
+            EXPECT_EQ(m >= u.m_begin && m < u.m_end, unmasked)
+                << "sq " << sq << " sk " << sk << " window (" << wl << ", " << wr << ") tiles " << block_m << " x "
+                << block_n << ", key tile " << n << ", query tile " << m;
+          }
+        }
+      }
+}
+
 // The deterministic backward's orders: the key tiles that visit a query tile are consecutive,
 // first_key_tile_seeing is the first of them and, under a right bound, last_key_tile_seeing the
 // last. Walking their query tiles downward, key tile n reaches query tile m after m_end(n) - 1 - m

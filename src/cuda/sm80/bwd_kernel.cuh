@@ -7,9 +7,10 @@
 //   2. main: one CTA per (key tile, KV head, batch) keeps K_j, V_j and the fp32 dK_j, dV_j
 //      accumulators on chip and streams the query tiles of every query head that shares the KV
 //      head (so GQA needs no reduction afterwards): recompute S^T = K Q^T and P^T = exp2(S^T c -
-//      lse2), dP^T = V dO^T, dS^T = P^T o (dP^T - D) (times the softcap derivative and the scale),
-//      dV += P^T dO, dK += dS^T Q, and dQ += dS K into an fp32 accumulator in global memory;
-//   3. convert: dq = dq_accum in the input dtype.
+//      lse2), dP^T = V dO^T, dS^T = P^T o (dP^T - D) (times the softcap derivative), dV += P^T dO,
+//      dK += dS^T Q, and dQ += dS K into an fp32 accumulator in global memory; the softmax scale
+//      of dS is applied once to dK when it is written and to dQ by the convert kernel;
+//   3. convert: dq = scale * dq_accum in the input dtype.
 // dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
 // vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs.
 // In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking key tiles
@@ -75,7 +76,9 @@ struct BwdTraits {
 
 // ---- 3. convert ---------------------------------------------------------------------------------
 
-// One thread per 8 head-dim columns of one (row, head); sums the splits in index order.
+// One thread per 8 head-dim columns of one (row, head); sums the splits in index order, then
+// applies the softmax scale, which the main kernel leaves out of dS (as for dK, scaled once when
+// written: one multiply per element per key tile instead of one per element per step).
 template <class E>
 __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
                                                                   BwdWorkspace ws) {
@@ -95,7 +98,8 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
     for (int i = 0; i < 8; ++i) v[i] += acc[s * slice + i];
   E* dq = static_cast<E*>(p.dq) + p.dq_s.offset(b, q0 + row, h) + x;
 #pragma unroll
-  for (int i = 0; i < 8; i += 2) *reinterpret_cast<uint32_t*>(dq + i) = ptx::thread_pack2<E>(v[i], v[i + 1]);
+  for (int i = 0; i < 8; i += 2)
+    *reinterpret_cast<uint32_t*>(dq + i) = ptx::thread_pack2<E>(v[i] * p.scale, v[i + 1] * p.scale);
 }
 
 // ---- 2. main ------------------------------------------------------------------------------------
@@ -147,14 +151,33 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const LaneRows<T::kChunksP> ds_a_trans(8 * (mi >> 1) + (lane & 7), mi & 1);
   const int d_chunk_kv = T::kColsKV / 8 * warp_dkv;  // first head-dim chunk of this warp (even)
   const int d_chunk_q = T::kColsQ / 8 * warp_dq;
+  // Phase 3's dQ elements of this thread: rows q_row0 + 16 i + 8 rr of a step's tile, columns
+  // 8 (d_chunk_q + j) + 2t for j < q_cols_valid (head dims below the kernel's stop early), each row
+  // a 32-bit offset of q_row_stride from the thread's first: per-element 64-bit address arithmetic
+  // and bounds tests had been a third of phase 3's instructions.
+  const int q_row0 = T::kRowsQ * warp_mq + g;
+  const int q_cols_valid = chunks_valid - d_chunk_q;
+  const int q_row_stride = int(p.heads_q * p.head_dim);
 
   const int64_t n_blocks = (sk + T::kBlockN - 1) / T::kBlockN;
   for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
     const int64_t key0 = n * T::kBlockN;
     const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
     const core::QueryTiles q_tiles = core::query_tiles_seeing(mask, key0, key0 + keys_valid, T::kBlockM);
-    const int64_t m_begin = q_tiles.m_begin, m_end = q_tiles.m_end;
-    const int64_t steps = (m_end - m_begin) * group;  // (query head, query tile) pairs
+    const int64_t m_begin = q_tiles.m_begin;
+    const int m_count = int(q_tiles.m_end - m_begin);  // query tiles per head (one sequence's: 32 bits)
+    const int steps = m_count * group;                  // (query head, query tile) pairs, tiles fastest
+    // The steps on these query tiles need no element-wise mask.
+    const core::QueryTiles unmasked = core::query_tiles_unmasked(mask, key0, T::kBlockN, T::kBlockM);
+    // A step's (query head, query tile) relative to (hk * group, m_begin), advanced without the
+    // divisions that would recover them from the step index (a 64-bit one per use cost the loop
+    // about a tenth of its instructions).
+    auto advance = [&](int& m, int& h) {
+      if (++m == m_count) {
+        m = 0;
+        ++h;
+      }
+    };
 
     float acc_dk[T::kTilesKV][T::kColsKV / 8][4], acc_dv[T::kTilesKV][T::kColsKV / 8][4];
 #pragma unroll
@@ -169,9 +192,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     block_load_tile<T, T::kBlockN>(sK, kg, p.k_s.row, keys_valid, chunks_valid);
     block_load_tile<T, T::kBlockN>(sV, vg, p.v_s.row, keys_valid, chunks_valid);
 
-    auto load_step = [&](int64_t step, int stage) {
-      const int h = hk * group + int(step / (m_end - m_begin));
-      const int64_t m0 = (m_begin + step % (m_end - m_begin)) * T::kBlockM;
+    auto load_step = [&](int step_h, int step_m, int stage) {
+      const int h = hk * group + step_h;
+      const int64_t m0 = (m_begin + step_m) * T::kBlockM;
       const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
       block_load_tile<T, T::kBlockM>(sStage + 2 * stage * T::kTileQ,
                                      static_cast<const E*>(p.q) + p.q_s.offset(b, q0 + m0, h), p.q_s.row, rows,
@@ -188,19 +211,21 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     };
     // Steps 0 .. kStages-2 ahead (K/V join the first group); each step then commits one group
     // (empty past the end) for step it + kStages - 1, so "kStages - 2 groups pending" at the top of
-    // step `it` means "step `it` has landed".
+    // step `it` means "step `it` has landed". (load_m, load_h): the next step to load.
+    int load_m = 0, load_h = 0;
 #pragma unroll
     for (int s = 0; s < T::kStages - 1; ++s) {
-      if (s < steps) load_step(s, s);
+      if (s < steps) load_step(load_h, load_m, s);
       ptx::thread_cp_async_commit();
+      advance(load_m, load_h);
     }
 
-    auto step_fn = [&](int64_t it, auto masked) {
+    auto step_fn = [&](int it, int step_h, int step_m, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
-      const int stage = int(it % T::kStages);
+      const int stage = it % T::kStages;
       if constexpr (T::kStages == 1) {
         __syncthreads();  // the one stage is free once every warp is done with the previous step
-        load_step(it, 0);
+        load_step(step_h, step_m, 0);
         ptx::thread_cp_async_commit();
         ptx::thread_cp_async_wait<0>();
       } else {
@@ -210,19 +235,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       // free, and that stage takes step it + kStages - 1. With two or more stages, two barriers per step.
       __syncthreads();
       if constexpr (T::kStages > 1) {
-        const int64_t next = it + T::kStages - 1;
-        if (next < steps) load_step(next, int(next % T::kStages));
+        const int next = it + T::kStages - 1;
+        if (next < steps) load_step(load_h, load_m, next % T::kStages);
         ptx::thread_cp_async_commit();
+        advance(load_m, load_h);
       }
-      const int h = hk * group + int(it / (m_end - m_begin));
-      const int64_t m0 = (m_begin + it % (m_end - m_begin)) * T::kBlockM;
+      const int h = hk * group + step_h;
+      const int64_t m0 = (m_begin + step_m) * T::kBlockM;
       E* sQs = sStage + 2 * stage * T::kTileQ;
       const E* sdOs = sQs + T::kTileQ;
       const float* lse2 = sLse + stage * T::kBlockM;
       const float* delta = sDelta + stage * T::kBlockM;
       const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
       float* dq_rows = dq_slice + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
-      const int64_t dq_row_stride = p.heads_q * p.head_dim;
+      const int64_t dq_row_stride = q_row_stride;
       // Deterministic mode reads this step's dQ tile back in phase 3; its slice was last touched a
       // whole key tile ago (likely evicted from L2), so ask for its lines now, a step's work ahead.
       if constexpr (kDeterministic) {
@@ -266,6 +292,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       }
 
       // P^T and dS^T per element (key row r, query column q), stored to shared memory as 16 bits.
+      // Masked steps test each element against the mask's band around the tile's corner in 32 bits
+      // (core::MaskBand: rows and keys past the sequences, and the window).
+      const core::MaskBand band = core::mask_band(mask, m0, key0);
 #pragma unroll
       for (int j = 0; j < T::kColsS / 8; ++j) {
         const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
@@ -282,11 +311,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
               float u = acc_s[i][j][2 * rr + e];
               if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
               float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
-              if constexpr (kMasked) {
-                int64_t qrow = m0 + col + e, key = key0 + row;
-                if (qrow >= sq || !mask.visible(qrow, key)) pe = 0.f;
-              }
-              float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x)) * p.scale;
+              if constexpr (kMasked)
+                if (!band.visible(col + e, row)) pe = 0.f;
+              float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x));
               if constexpr (kSoftcap) ds *= 1.f - u * u;
               pv[e] = pe;
               dsv[e] = ds;
@@ -329,21 +356,21 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       // key-tile order).
       {
         float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
+        float* dq_thread = dq_rows + int64_t(q_row0) * dq_row_stride + 8 * d_chunk_q + 2 * t;
+        // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
+        auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
 #pragma unroll
         for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const int row = T::kRowsQ * warp_mq + 16 * i + g + 8 * rr;
+          for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
             for (int j = 0; j < T::kColsQ / 8; ++j) {
-              const int col = 8 * (d_chunk_q + j) + 2 * t;
               float2 v = make_float2(0.f, 0.f);
-              if (kDeterministic && row < rows && col < p.head_dim)
-                v = *reinterpret_cast<const float2*>(dq_rows + row * dq_row_stride + col);
+              if (kDeterministic && row_ok(i, rr) && j < q_cols_valid)
+                v = *reinterpret_cast<const float2*>(dq_thread + (16 * i + 8 * rr) * q_row_stride + 8 * j);
               acc_dq[i][j][2 * rr] = v.x;
               acc_dq[i][j][2 * rr + 1] = v.y;
             }
-          }
 #pragma unroll
         for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
           uint32_t a_ds[T::kTilesQ][4];
@@ -365,13 +392,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
-            const int row = T::kRowsQ * warp_mq + 16 * i + g + 8 * rr;
-            if (row >= rows) continue;
+            if (!row_ok(i, rr)) continue;
+            float* dst_row = dq_thread + (16 * i + 8 * rr) * q_row_stride;
 #pragma unroll
             for (int j = 0; j < T::kColsQ / 8; ++j) {
-              const int col = 8 * (d_chunk_q + j) + 2 * t;
-              if (col >= p.head_dim) continue;
-              float* dst = dq_rows + row * dq_row_stride + col;
+              if (j >= q_cols_valid) continue;
+              float* dst = dst_row + 8 * j;
               if constexpr (kDeterministic)
                 *reinterpret_cast<float2*>(dst) = make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
               else
@@ -381,14 +407,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       }
     };
 
-    for (int64_t it = 0; it < steps; ++it) {
-      const int64_t m0 = (m_begin + it % (m_end - m_begin)) * T::kBlockM;
-      const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-      const core::TileRange tr = core::tile_range(mask, m0, m0 + rows, T::kBlockN);
-      if (rows < T::kBlockM || tr.needs_mask(n))
-        step_fn(it, std::true_type{});
+    for (int it = 0, step_m = 0, step_h = 0; it < steps; ++it) {
+      const int64_t m = m_begin + step_m;
+      if (m < unmasked.m_begin || m >= unmasked.m_end)
+        step_fn(it, step_h, step_m, std::true_type{});
       else
-        step_fn(it, std::false_type{});
+        step_fn(it, step_h, step_m, std::false_type{});
+      advance(step_m, step_h);
     }
     // Drain the (empty) trailing groups, and let every warp finish the last step before the next
     // key tile reuses K/V and the stages.
@@ -409,7 +434,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           const int col = 8 * (d_chunk_kv + j) + 2 * t;
           if (col >= p.head_dim) continue;
           *reinterpret_cast<uint32_t*>(dk + col) =
-              ptx::thread_pack2<E>(acc_dk[i][j][2 * rr], acc_dk[i][j][2 * rr + 1]);
+              ptx::thread_pack2<E>(acc_dk[i][j][2 * rr] * p.scale, acc_dk[i][j][2 * rr + 1] * p.scale);
           *reinterpret_cast<uint32_t*>(dv + col) =
               ptx::thread_pack2<E>(acc_dv[i][j][2 * rr], acc_dv[i][j][2 * rr + 1]);
         }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
+#include <string>
 #include <type_traits>
 
 #include "cuda/backward.h"
@@ -24,6 +26,13 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
     throw Error(Status::unsupported, "backward: head_dim " + std::to_string(p.head_dim) + " needs " +
                                          std::to_string(T::kSmemBytes / 1024) + " KB of shared memory per block, this GPU offers " +
                                          std::to_string(smem_optin / 1024) + " KB");
+
+  // The kernel counts a key tile's steps (query tiles x grouped heads) and offsets dQ rows within
+  // a query tile in 32 bits (bwd_kernel.cuh).
+  if ((p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.group() > INT32_MAX ||
+      p.heads_q * p.head_dim * T::kBlockM > INT32_MAX)
+    throw Error(Status::unsupported, "backward: seqlen_q " + std::to_string(p.seqlen_q) + " with " +
+                                         std::to_string(p.heads_q) + " query heads exceeds the portable kernel's 32-bit step counts");
 
   auto pick = [&](auto softcap) {
     constexpr bool kSoftcap = decltype(softcap)::value;
