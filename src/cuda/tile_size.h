@@ -84,7 +84,10 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 //   d=128: 4/4/2: 203 / 234 | 168 / 184; 4/4/4 203 / 228; 8/4/2 197 / 224; 8/8/4 183 / 204; 64 keys
 //          on 4 warps at 2 CTAs per SM 205 / 223 | 137 / 144;
 //   d=256: 64 keys, 4/2/2: 173 / 188 | 121 / 127; 2/2/2 176 / 191 | 110 / 114 (kept 4/2/2 for the
-//          deterministic mode); 4/2/4 162 / 176; the old 4/4/4 158 / 171.
+//          deterministic mode); 4/2/4 162 / 176; the old 4/4/4 158 / 171. Again after the kernel's
+//          steps lost a fifth of their instructions (2026-12-02, bench/results/
+//          h200_portable_bwd_lean_2026-12-02.txt): 4/2/2 188 / 209 | 137 / 143, 4/2/4 189 / 207 | 138
+//          / 150, 2/2/2 187 / 206 | 145 / 145, 4/4/4 176 / 197: 4/2/2 stays.
 // 128 query rows per step at d=64 (FlashAttention-2's 128 x 128 shape there; 2026-12-01, H200, the
 // same sweep, default | deterministic at 2k / 8k, non-causal then causal): 4/4/2 on 2 stages 198 /
 // 226 | 192 / 213, causal 148 / 207 | 141 / 191, against 64 rows 175 / 196 | 167 / 186, causal 132 /
