@@ -50,15 +50,15 @@
 
 namespace flashattn::cuda::sm90 {
 
+// The ordered deterministic mode's turn orders (KeySteps; bwd_launch.cuh picks one).
+enum class TurnOrder : uint8_t { down, up, around };
+
 // Which work tiles (key tile, KV head, batch entry) a CTA visits, in the same sequence for every
 // role (bwd_launch.cuh picks the order): a 1-D grid over the indices of `order` (its num_m_blocks
 // counts key tiles, its heads KV heads; under a right bound longest first, which for key tiles is
 // the first one, n = 0): CTA x takes index x, then x + gridDim.x, ... (static), or, when `counter`
 // is set, the next index the producer draws from it (dynamic: tiles differ in length, causal ones
 // by up to the whole query length, and each CTA drawing its next one balances them across SMs).
-// The ordered deterministic mode's turn orders (KeySteps; bwd_launch.cuh picks one).
-enum class TurnOrder : uint8_t { down, up, around };
-
 struct BwdSchedule {
   TileScheduler order;
   int* counter = nullptr;  // zeroed; dynamic index = gridDim.x + the count drawn before
