@@ -1,5 +1,6 @@
 // Plain host/device arithmetic of the backward's workspace layout and of the deterministic mode's
-// split count (no CUDA headers, so tests/cpu/bwd_layout_test.cpp checks it on any machine).
+// split count and turn order (no CUDA headers, so tests/cpu/bwd_layout_test.cpp checks it on any
+// machine).
 //
 // Tiled rows (the Hopper path): lse2, delta and the dQ accumulator are [heads_q][tiles][tile_m
 // rows], a sequence's query tiles consecutive from tile_base(b), so one query tile's values are one
@@ -43,6 +44,43 @@ inline int deterministic_splits(int64_t ctas, int64_t sms, int64_t n_blocks) {
   int splits = 1;
   while (fill(splits) < best - 0.05) ++splits;
   return splits;
+}
+
+// The Hopper backward's deterministic mode (src/cuda/sm90/bwd_kernel.cuh, KeySteps): the key tiles
+// that visit a dQ tile add into it one after another, and the order of their walks and turns
+// decides how long they wait:
+//   * `down`: key tiles ascending, each walking its query tiles down from the last, turns in
+//     key-tile order (a tile waits only for lower ones, which start first). Without a mask every
+//     key tile starts at the last query tile, and key tile n waits n turns before its first addition.
+//   * `up`, under a right bound (causal, windows): key tiles descending, walking up from the
+//     diagonal, turns from the last key tile down (a tile waits only for higher ones, launched first),
+//     so none waits before its first addition; but the longest key tiles start last and the grid's
+//     tail grows. Deterministic TFLOP/s, up against down (bench/ab_compare.py --deterministic, H200,
+//     bf16, 16k tokens, hidden 2048, causal, 2k / 4k / 8k / 16k;
+//     bench/results/h200_bwd_det_up_2026-12-02.txt): d=128 337 / 403 / 441 / 454 against 289 / 348 /
+//     408 / 486 (a simulated list schedule of the grid loses 6% more to the tail at 16k than down);
+//     d=256 212 / 243 / 262 / 274 against 164 / 198 / 213 / 249; d=64 281 / 344 / 380 / 409 against
+//     246 / 293 / 339 / 372 for the per-split dQ slices it replaced. So `up` for kernels of head dim
+//     other than 128 and, at 128, up to 64 key tiles per sequence.
+//   * `around`, without a mask: each key tile starts at its diagonal, walks up and wraps round
+//     (core::around_turn), so in self-attention none ever waits. A key tile may wait for a higher
+//     one, launched after it: safe where a sequence's key tiles all fit on the GPU at once, since
+//     only the sequences before it in the grid (which never wait for it) can hold the SMs in between;
+//     used where they fit twice over (the margin covers SMs taken by other work), and within
+//     core::around_turn's 32 bits. Deterministic non-causal TFLOP/s, around against down (same
+//     conditions, 2k / 4k / 8k; bench/results/h200_bwd_det_around_2026-12-02.txt): d=64 382 / 415 /
+//     431 against 316 / 355 / 403; d=128 411 / 446 / 465 against 392 / 434 / 470; d=256 (2k / 4k) 292 /
+//     315 against 251 / 290.
+enum class TurnOrder : uint8_t { down, up, around };
+
+// The order for a deterministic call on a kernel of head dim kernel_head_dim, with n_blocks key
+// tiles and query_tiles query tiles in the longest sequence, on a GPU of `sms` SMs (one CTA each).
+inline TurnOrder hopper_turn_order(int64_t window_left, int64_t window_right, int kernel_head_dim, int64_t n_blocks,
+                                   int64_t query_tiles, int64_t sms) {
+  if (window_right >= 0 && (kernel_head_dim != 128 || n_blocks <= 64)) return TurnOrder::up;
+  if (window_left < 0 && window_right < 0 && 2 * n_blocks <= sms && query_tiles * (n_blocks + 1) < (int64_t(1) << 32))
+    return TurnOrder::around;
+  return TurnOrder::down;
 }
 
 }  // namespace flashattn::cuda

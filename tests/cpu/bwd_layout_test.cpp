@@ -136,6 +136,31 @@ TEST(BackwardLayout, AroundTurnsFollowTheArrivals) {
       }
 }
 
+// The Hopper backward's deterministic turn order: `up` under a right bound (at head dim 128 only up
+// to 64 key tiles), `around` without a mask only while a sequence's key tiles fit the GPU twice
+// over (a key tile then may wait for a later-launched one, which must find an SM) and within
+// core::around_turn's 32 bits, else `down` (whose waits only ever point at earlier launches).
+TEST(BackwardLayout, HopperTurnOrderKeepsAroundWithinTheGpu) {
+  using flashattn::cuda::hopper_turn_order;
+  using flashattn::cuda::TurnOrder;
+  // Causal and windows with a right bound.
+  EXPECT_EQ(hopper_turn_order(-1, 0, 64, 1000, 2000, 132), TurnOrder::up);
+  EXPECT_EQ(hopper_turn_order(-1, 0, 256, 375, 375, 132), TurnOrder::up);
+  EXPECT_EQ(hopper_turn_order(-1, 0, 128, 64, 128, 132), TurnOrder::up);
+  EXPECT_EQ(hopper_turn_order(-1, 0, 128, 65, 130, 132), TurnOrder::down);
+  EXPECT_EQ(hopper_turn_order(10, 5, 96, 200, 400, 132), TurnOrder::up);
+  // No mask: around up to half the SMs' worth of key tiles.
+  EXPECT_EQ(hopper_turn_order(-1, -1, 64, 66, 66, 132), TurnOrder::around);
+  EXPECT_EQ(hopper_turn_order(-1, -1, 64, 67, 67, 132), TurnOrder::down);
+  EXPECT_EQ(hopper_turn_order(-1, -1, 128, 1, 1, 132), TurnOrder::around);
+  EXPECT_EQ(hopper_turn_order(-1, -1, 256, 50, 100, 100), TurnOrder::around);
+  EXPECT_EQ(hopper_turn_order(-1, -1, 256, 51, 100, 100), TurnOrder::down);
+  EXPECT_EQ(hopper_turn_order(-1, -1, 128, 16, 32, 16), TurnOrder::down);
+  // Past core::around_turn's 32-bit products, and with only a left window: down.
+  EXPECT_EQ(hopper_turn_order(-1, -1, 64, 60, int64_t(1) << 27, 132), TurnOrder::down);
+  EXPECT_EQ(hopper_turn_order(300, -1, 64, 8, 8, 132), TurnOrder::down);
+}
+
 // core::MaskBand (the Hopper backward's boundary-step mask, 32-bit offsets from one element) agrees
 // with MaskSpec element by element over a tile's offsets, for random sequence lengths, windows
 // (none, zero, small, far past the sequence) and pairs anywhere in or past the sequences.

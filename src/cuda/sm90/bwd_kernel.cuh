@@ -50,9 +50,6 @@
 
 namespace flashattn::cuda::sm90 {
 
-// The ordered deterministic mode's turn orders (KeySteps; bwd_launch.cuh picks one).
-enum class TurnOrder : uint8_t { down, up, around };
-
 // Which work tiles (key tile, KV head, batch entry) a CTA visits, in the same sequence for every
 // role (bwd_launch.cuh picks the order): a 1-D grid over the indices of `order` (its num_m_blocks
 // counts key tiles, its heads KV heads; under a right bound longest first, which for key tiles is
@@ -120,15 +117,15 @@ struct BwdTraits {
 //   * `down`: query tiles from the last down, turns in key-tile order. Key tile n's last query tile
 //     is nondecreasing in n, and it reaches m after m_last(n) - m steps. But all key tiles of an
 //     unbounded mask start at the last query tile, and key tile n waits n turns there.
-//   * `up` (under a right bound: causal, windows; bwd_launch.cuh says when): query tiles from the
+//   * `up` (under a right bound: causal, windows; bwd_layout.h says when): query tiles from the
 //     first up, turns from the last key tile down. Key tile n's first query tile is nondecreasing
 //     in n, and it reaches m after m - m_first(n) steps, so every key tile starts at its diagonal
 //     with the first turn there and finds each later tile's earlier turns one step or more ahead
 //     of it.
 //   * `around` (no mask, and few enough key tiles per sequence that all of them run at once;
-//     bwd_launch.cuh): every key tile starts at its diagonal, walks up and wraps round
+//     bwd_layout.h): every key tile starts at its diagonal, walks up and wraps round
 //     (core::around_turn), so in self-attention no key tile waits at all. A key tile may wait for
-//     a higher one, which must then be running: hence the launcher's bound.
+//     a higher one, which must then be running: hence hopper_turn_order's bound.
 template <bool kOrdered>
 struct KeySteps {
   int64_t m_begin, m_tiles;

@@ -52,29 +52,11 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   ws.tile_m = BM;
   ws.tiles_per_head = tiles_per_head(p, BM);
   // Deterministic mode: one CTA per work tile; the key tiles that visit a query tile add their dQ
-  // into it one after another, each waiting for its turn, in one of KeySteps' orders
-  // (bwd_kernel.cuh): key tiles ascending, walking down; or, under a right bound, `up`: descending,
-  // walking up from the diagonal, which no longer makes the later key tiles wait before their first
-  // addition, but starts the longest key tiles last, so the grid's tail grows. Deterministic
-  // TFLOP/s, up against the ascending order (bench/ab_compare.py --deterministic, H200, bf16, 16k
-  // tokens, hidden 2048, causal, 2k / 4k / 8k / 16k; bench/results/h200_bwd_det_up_2026-12-02.txt):
-  // d=128 337 / 403 / 441 / 454 against 289 / 348 / 408 / 486 (a simulated list schedule of the
-  // grid loses 6% more to the tail at 16k than the ascending order); d=256 212 / 243 / 262 / 274
-  // against 164 / 198 / 213 / 249; d=64 281 / 344 / 380 / 409 against 246 / 293 / 339 / 372 for
-  // per-split dQ slices (then this mode's order for causal d=64; slices are gone from this path).
-  // So `up` under a right bound for d != 128 and, at d=128, up to 64 key tiles per sequence.
-  // Without a mask, `around` where a sequence's key tiles all fit on the GPU at once twice over: a
-  // key tile may then wait for a higher one, launched after it, and only the sequences before it in
-  // the grid (which never wait for it) may hold the SMs in between. The margin covers SMs taken by
-  // other work. Deterministic non-causal TFLOP/s, around against down (same conditions, 2k / 4k /
-  // 8k; bench/results/h200_bwd_det_around_2026-12-02.txt): d=64 382 / 415 / 431 against 316 / 355 /
-  // 403; d=128 411 / 446 / 465 against 392 / 434 / 470; d=256 (2k / 4k) 292 / 315 against 251 / 290.
-  sm90::TurnOrder turns = sm90::TurnOrder::down;
-  if (p.deterministic && p.window_right >= 0 && (T::kHeadDim != 128 || n_blocks <= 64))
-    turns = sm90::TurnOrder::up;
-  else if (p.deterministic && p.window_left < 0 && p.window_right < 0 && 2 * n_blocks <= sms &&
-           (p.seqlen_q + BM - 1) / BM * (n_blocks + 1) < (int64_t(1) << 32))  // core::around_turn's 32 bits
-    turns = sm90::TurnOrder::around;
+  // into it one after another, each waiting for its turn, in the order hopper_turn_order picks
+  // (bwd_layout.h says which and why).
+  const TurnOrder turns = p.deterministic ? hopper_turn_order(p.window_left, p.window_right, T::kHeadDim, n_blocks,
+                                                              (p.seqlen_q + BM - 1) / BM, sms)
+                                          : TurnOrder::down;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
