@@ -248,14 +248,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       const float* delta = sDelta + stage * T::kBlockM;
       const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
       float* dq_rows = dq_slice + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
-      const int64_t dq_row_stride = q_row_stride;
       // Deterministic mode reads this step's dQ tile back in phase 3; its slice was last touched a
       // whole key tile ago (likely evicted from L2), so ask for its lines now, a step's work ahead.
       if constexpr (kDeterministic) {
         constexpr int kLines = T::kHeadDim / 32;  // 128-byte lines per fp32 row
         for (int i = int(threadIdx.x); i < T::kBlockM * kLines; i += T::kThreads) {
           const int row = i / kLines, col = i % kLines * 32;
-          if (row < rows && col < p.head_dim) ptx::thread_prefetch_l2(dq_rows + row * dq_row_stride + col);
+          if (row < rows && col < p.head_dim) ptx::thread_prefetch_l2(dq_rows + int64_t(row) * q_row_stride + col);
         }
       }
 
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       // key-tile order).
       {
         float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
-        float* dq_thread = dq_rows + int64_t(q_row0) * dq_row_stride + 8 * d_chunk_q + 2 * t;
+        float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
         // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
         auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
 #pragma unroll

@@ -146,7 +146,7 @@ struct KeySteps {
   }
 };
 
-// Key tiles and query tiles of the mask's sequences (the `around` order's cycle).
+// Key tiles and query tiles of the mask's sequences (a CTA's key tiles; the `around` order's cycle).
 template <int BN>
 __device__ __forceinline__ int64_t key_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_k + BN - 1) / BN; }
 template <int BM>
@@ -232,7 +232,7 @@ __device__ __forceinline__ BwdCta bwd_cta(const core::BackwardParams& p, int hk,
     c.sk = p.cu_seqlens_k[c.b + 1] - c.k0;
   }
   c.mask = core::MaskSpec{c.sq, c.sk, p.window_left, p.window_right};
-  c.n_blocks = (c.sk + BN - 1) / BN;
+  c.n_blocks = key_tile_count<BN>(c.mask);
   c.tile0 = tile_base(p, BM, c.b);
   return c;
 }

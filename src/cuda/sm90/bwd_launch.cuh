@@ -68,8 +68,9 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   //     a counter. Against one CTA per tile (H200, bf16, 16k tokens, hidden 2048, main kernel's
   //     device time, bench/kernel_times.py; bench/results/h200_bwd_persistent_2026-12-01.txt): d=128
   //     causal 2k 913 -> 859 us, d=64 causal 2k 1220 -> 1206 us.
-  //   * the ordered deterministic mode: one CTA per tile, in index order, key tiles ascending, or
-  //     descending under a right bound (a tile waits only for lower indices, which have started).
+  //   * the ordered deterministic mode: one CTA per tile, in index order (the order the hardware
+  //     starts CTAs in), key tiles descending in the `up` order, else ascending; which CTAs a tile
+  //     may wait for, and why that always finishes, is hopper_turn_order's comment (bwd_layout.h).
   //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch),
   //     read from blockIdx (see that kernel for why); it takes no schedule.
   sm90::BwdSchedule& sched = P.sched;
