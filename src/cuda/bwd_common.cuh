@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "core/block_range.h"
 #include "core/params.h"
 #include "core/softmax_state.h"
 #include "cuda/bwd_layout.h"
@@ -24,14 +25,31 @@ namespace flashattn::cuda {
 struct BwdWorkspace {
   float* lse2 = nullptr;      // lse * log2(e), +inf for rows that saw nothing
   float* delta = nullptr;     // D = rowsum(dO o O)
-  float* dq_accum = nullptr;  // [splits][...] in the path's own layout
-  int splits = 1;             // > 1 only in the portable path's deterministic mode (dQ slices)
-  // Ordered deterministic mode (Hopper path): per dQ tile (and column half, d = 256), how many key
-  // tiles have added their part; key tiles add in order, each waiting for its turn.
+  float* dq_accum = nullptr;  // in the path's own layout
+  // Deterministic mode: per dQ tile (and column half, Hopper d = 256), how many key tiles have
+  // added their part; key tiles add in order, each waiting for its turn. Indexed [heads_q][tiles
+  // per head] by the tiled layout's tile numbers (bwd_layout.h), on both paths.
   int* dq_turn = nullptr;
   int tile_m = 0;             // 0: dense rows; else tiled (see above)
-  int64_t tiles_per_head = 0;
+  int64_t tiles_per_head = 0;  // query tiles per head in the tiled layout (and of dq_turn)
 };
+
+// Key tiles and query tiles of the mask's sequences (a CTA's key tiles; the `around` order's cycle).
+template <int BN>
+__device__ __forceinline__ int64_t key_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_k + BN - 1) / BN; }
+template <int BM>
+__device__ __forceinline__ int64_t query_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_q + BM - 1) / BM; }
+
+// Ordered mode: key tile n's turn at query tile m (how many of the key tiles visiting m add before
+// it), in the order `turns` (bwd_layout.h; the walks that go with it: sm90/bwd_kernel.cuh's
+// KeySteps, sm80/bwd_kernel.cuh's Walk).
+template <int BM, int BN>
+__device__ __forceinline__ int ordered_turn(const core::MaskSpec& mask, int64_t n, int64_t m, TurnOrder turns) {
+  if (turns == TurnOrder::up) return int(core::last_key_tile_seeing(mask, m, BM, BN) - n);
+  if (turns == TurnOrder::around)
+    return core::around_turn(int(n), int(m), int(key_tile_count<BN>(mask)), int(query_tile_count<BM>(mask)));
+  return int(n - core::first_key_tile_seeing(mask, m, BM, BN));
+}
 
 // First query row of sequence b in the (packed, for varlen) tensors and its length.
 __device__ __forceinline__ void query_rows(const core::AttnShape& p, int64_t b, int64_t* q0, int64_t* sq) {

@@ -28,24 +28,6 @@ inline int64_t tiles_per_head(const core::AttnShape& p, int tile_m) {
   return p.cu_seqlens_q != nullptr ? p.total_q / tile_m + p.batch + 1 : p.batch * ((p.seqlen_q + tile_m - 1) / tile_m);
 }
 
-// Deterministic mode: CTAs per (KV head, batch entry), each with its own dQ slice. The fewest
-// splits whose waves are filled within 5% as well as the best count up to four waves: a poorly
-// filled last wave was what cost most on the H200 (2.2 waves ran at 0.66-0.86 of the default
-// mode; d=96 with 168 CTAs in 1.3 waves at 0.57-0.72), and each split adds a dQ slice of memory.
-inline int deterministic_splits(int64_t ctas, int64_t sms, int64_t n_blocks) {
-  if (ctas < 1) ctas = 1;
-  if (sms < 1) sms = 1;
-  int64_t most = 4 * sms / ctas;
-  if (most > n_blocks) most = n_blocks;
-  if (most < 1) most = 1;
-  auto fill = [&](int64_t s) { return double(ctas * s) / double((ctas * s + sms - 1) / sms * sms); };
-  double best = 0;
-  for (int64_t s = 1; s <= most; ++s) best = fill(s) > best ? fill(s) : best;
-  int splits = 1;
-  while (fill(splits) < best - 0.05) ++splits;
-  return splits;
-}
-
 // The Hopper backward's deterministic mode (src/cuda/sm90/bwd_kernel.cuh, KeySteps): the key tiles
 // that visit a dQ tile add into it one after another, and the order of their walks and turns
 // decides how long they wait:
@@ -73,14 +55,31 @@ inline int deterministic_splits(int64_t ctas, int64_t sms, int64_t n_blocks) {
 //     315 against 251 / 290.
 enum class TurnOrder : uint8_t { down, up, around };
 
-// The order for a deterministic call on a kernel of head dim kernel_head_dim, with n_blocks key
-// tiles and query_tiles query tiles in the longest sequence, on a GPU of `sms` SMs (one CTA each).
-inline TurnOrder hopper_turn_order(int64_t window_left, int64_t window_right, int kernel_head_dim, int64_t n_blocks,
-                                   int64_t query_tiles, int64_t sms) {
-  if (window_right >= 0 && (kernel_head_dim != 128 || n_blocks <= 64)) return TurnOrder::up;
-  if (window_left < 0 && window_right < 0 && 2 * n_blocks <= sms && query_tiles * (n_blocks + 1) < (int64_t(1) << 32))
+// The order for a deterministic call with n_blocks key tiles and query_tiles query tiles in the
+// longest sequence, on a GPU that holds `resident` of the kernel's CTAs at once: `up` under a right
+// bound, `around` without a mask where a sequence's key tiles fit twice over, else `down`.
+inline TurnOrder turn_order(int64_t window_left, int64_t window_right, int64_t n_blocks, int64_t query_tiles,
+                            int64_t resident) {
+  if (window_right >= 0) return TurnOrder::up;
+  if (window_left < 0 && 2 * n_blocks <= resident && query_tiles * (n_blocks + 1) < (int64_t(1) << 32))
     return TurnOrder::around;
   return TurnOrder::down;
+}
+
+// The Hopper kernels' order (one CTA per SM, `sms` of them): turn_order, but `down` at head dim 128
+// beyond 64 key tiles (the measurement above).
+inline TurnOrder hopper_turn_order(int64_t window_left, int64_t window_right, int kernel_head_dim, int64_t n_blocks,
+                                   int64_t query_tiles, int64_t sms) {
+  if (window_right >= 0 && kernel_head_dim == 128 && n_blocks > 64) return TurnOrder::down;
+  return turn_order(window_left, window_right, n_blocks, query_tiles, sms);
+}
+
+// The portable kernel's launch order (src/cuda/sm80/bwd_kernel.cuh; one CTA per key tile, launched
+// in blockIdx order): key tiles ascending, so the longest ones under a right bound start first,
+// unless the `up` order's key tiles, which wait for higher ones, might not all be running at once
+// (the bound of `around`); then descending, so each waits only for key tiles started before it.
+inline bool portable_keys_descending(TurnOrder turns, int64_t n_blocks, int64_t resident) {
+  return turns == TurnOrder::up && 2 * n_blocks > resident;
 }
 
 }  // namespace flashattn::cuda

@@ -3,8 +3,8 @@
 // exactly those holding a row that sees one of its keys; the boundary steps' 32-bit mask
 // (core::MaskBand) agrees with MaskSpec; in the tiled workspace layout
 // (src/cuda/bwd_layout.h) every sequence's query tiles are consecutive, no two sequences share a
-// tile, and all tiles fit in tiles_per_head; the deterministic split count stays within [1, key
-// tiles] and fills its waves within 5% of the best count up to four waves.
+// tile, and all tiles fit in tiles_per_head; the deterministic mode's turn orders and the portable
+// kernel's launch order keep every wait pointed at a CTA that runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +17,6 @@
 namespace fa_test {
 namespace {
 
-using flashattn::cuda::deterministic_splits;
 using flashattn::cuda::tile_base;
 using flashattn::cuda::tiles_per_head;
 
@@ -225,26 +224,24 @@ TEST(BackwardLayout, FixedLengthTilesArePacked) {
   for (int b = 0; b < 3; ++b) EXPECT_EQ(tile_base(p, 64, b), 3 * b);
 }
 
-TEST(BackwardLayout, DeterministicSplitsFillTheirWaves) {
-  auto fill = [](int64_t ctas, int64_t sms, int64_t s) {
-    return double(ctas * s) / double((ctas * s + sms - 1) / sms * sms);
-  };
-  for (int64_t sms : {1, 78, 132})
-    for (int64_t ctas : {1, 2, 16, 32, 84, 128, 168, 1000})
-      for (int64_t n_blocks : {1, 3, 16, 64, 128}) {
-        const int s = deterministic_splits(ctas, sms, n_blocks);
-        ASSERT_GE(s, 1);
-        ASSERT_LE(s, std::max<int64_t>(n_blocks, 1));
-        int64_t most = std::min<int64_t>(std::max<int64_t>(4 * sms / ctas, 1), n_blocks);
-        double best = 0;
-        for (int64_t k = 1; k <= most; ++k) best = std::max(best, fill(ctas, sms, k));
-        EXPECT_GE(fill(ctas, sms, s), best - 0.05) << ctas << " CTAs, " << sms << " SMs";
-        for (int k = 1; k < s; ++k) EXPECT_LT(fill(ctas, sms, k), best - 0.05) << "a smaller count fills as well";
-      }
-  // The H200 cases that motivated it (132 SMs): 32 and 168 (KV head, batch) pairs.
-  EXPECT_EQ(deterministic_splits(32, 132, 64), 4);
-  EXPECT_EQ(deterministic_splits(168, 132, 16), 3);
-  EXPECT_EQ(deterministic_splits(128, 132, 16), 1);
+// The portable backward's turns (one CTA per key tile, `resident` CTAs at once): the same orders
+// without the Hopper kernels' d=128 exception; key tiles launched ascending except where the `up`
+// order's waits on higher key tiles could point at CTAs not yet running.
+TEST(BackwardLayout, PortableTurnsWaitOnlyForRunningCtas) {
+  using flashattn::cuda::portable_keys_descending;
+  using flashattn::cuda::turn_order;
+  using flashattn::cuda::TurnOrder;
+  EXPECT_EQ(turn_order(-1, 0, 188, 376, 132), TurnOrder::up);
+  EXPECT_EQ(turn_order(37, 11, 5, 10, 132), TurnOrder::up);
+  EXPECT_EQ(turn_order(-1, -1, 66, 132, 132), TurnOrder::around);
+  EXPECT_EQ(turn_order(-1, -1, 67, 134, 132), TurnOrder::down);
+  EXPECT_EQ(turn_order(-1, -1, 67, 134, 264), TurnOrder::around);  // two CTAs per SM
+  EXPECT_EQ(turn_order(-1, -1, 60, int64_t(1) << 27, 132), TurnOrder::down);
+  EXPECT_EQ(turn_order(300, -1, 8, 8, 132), TurnOrder::down);
+  EXPECT_FALSE(portable_keys_descending(TurnOrder::up, 66, 132));
+  EXPECT_TRUE(portable_keys_descending(TurnOrder::up, 67, 132));
+  EXPECT_FALSE(portable_keys_descending(TurnOrder::around, 66, 132));
+  EXPECT_FALSE(portable_keys_descending(TurnOrder::down, 500, 132));
 }
 
 }  // namespace

@@ -345,8 +345,8 @@ Case deterministic_case(int64_t d) {
 }
 
 TEST_F(GpuBackward, DeterministicModeIsBitwiseRepeatable) {
-  // The Hopper path's turn orders: key tiles descending under a right bound (causal), round from
-  // each key tile's diagonal without a mask; the portable path's per-split slices.
+  // Both paths' turn orders: key tiles walking up from their diagonal under a right bound
+  // (causal), round from each key tile's diagonal without a mask.
   for (auto [d, causal] : {std::pair<int64_t, bool>{64, true}, {64, false}, {128, true}, {256, true}})
     on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
       Case c = deterministic_case(d);
@@ -387,7 +387,7 @@ TEST_F(GpuBackward, DeterministicModeWithinTheRule) {
 
 // Varlen batches (empty and short sequences, sequences of fewer key tiles than the grid's, whose
 // missing key tiles come first in the causal order) with grouped heads: the ordered mode's turns
-// stay within the accuracy rule and repeat bitwise.
+// stay within the accuracy rule and repeat bitwise, on both paths.
 TEST_F(GpuBackward, DeterministicModeVarlen) {
   for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true}) {
@@ -399,8 +399,11 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
       SCOPED_TRACE(describe(c));
       Problem pr(c, 430);
       pr.forward();
-      pr.backward();
-      expect_bitwise_repeatable(pr, 10);
+      on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
+        pr.backward();
+        expect_path(c, portable);
+        expect_bitwise_repeatable(pr, 10);
+      });
     }
 }
 
@@ -410,31 +413,34 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
 // that start before it: lower ones, or higher ones under a right bound, which then start first),
 // repeat bitwise, and agree with the default mode to rounding. The same for the `around` order
 // (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of 128 at d=64, 132
-// SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once.
+// SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once. On both
+// paths (the portable one launches one CTA per key tile, ascending but for `up` past that bound).
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
   struct Shape {
     int64_t d;
     bool causal;
     int64_t seqlen, heads;
   };
-  for (const Shape& sh : {Shape{128, false, 24000, 1}, {128, true, 24000, 1}, {256, true, 24000, 1}, {64, false, 8400, 8}}) {
-    Case c;
-    c.heads_q = c.heads_kv = sh.heads;
-    c.seqlen_q = c.seqlen_k = sh.seqlen;
-    c.head_dim = sh.d;
-    c.causal = sh.causal;
-    SCOPED_TRACE(describe(c));
-    Problem fast(c, 410);
-    fast.forward();
-    fast.backward();
-    c.deterministic = true;
-    Problem det(c, 410);
-    det.forward();
-    det.backward();
-    expect_bitwise_repeatable(det, 1);
-    for (auto [a, b] : {std::pair{&det.dq, &fast.dq}, {&det.dk, &fast.dk}, {&det.dv, &fast.dv}})
-      EXPECT_TRUE(agree_to_rounding(a->values(), b->values()));
-  }
+  for (const Shape& sh : {Shape{128, false, 24000, 1}, {128, true, 24000, 1}, {256, true, 24000, 1}, {64, false, 8400, 8}})
+    on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
+      Case c;
+      c.heads_q = c.heads_kv = sh.heads;
+      c.seqlen_q = c.seqlen_k = sh.seqlen;
+      c.head_dim = sh.d;
+      c.causal = sh.causal;
+      SCOPED_TRACE(describe(c));
+      Problem fast(c, 410);
+      fast.forward();
+      fast.backward();
+      c.deterministic = true;
+      Problem det(c, 410);
+      det.forward();
+      det.backward();
+      expect_path(c, portable);
+      expect_bitwise_repeatable(det, 1);
+      for (auto [a, b] : {std::pair{&det.dq, &fast.dq}, {&det.dk, &fast.dk}, {&det.dv, &fast.dv}})
+        EXPECT_TRUE(agree_to_rounding(a->values(), b->values()));
+    });
 }
 
 // More work tiles than the GPU has SMs, so the Hopper path's persistent CTAs each draw several

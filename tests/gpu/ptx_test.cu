@@ -118,14 +118,22 @@ __global__ void red_add_kernel(float* gmem, int* ran) {
 #endif
 }
 
-// Turns (sm90): 8 single-thread CTAs, all resident at once, take turns in reverse block order;
-// each appends its index to a log at the position the turn counter gave it.
-__global__ void turn_kernel(int* turn, int* log, int* ran) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Turns: 8 single-thread CTAs, all resident at once, take turns in reverse block order; each
+// appends its index to a log at the position the turn counter gave it. `bulk`: the Hopper
+// variants (sm90), else the plain ones (any arch), the wait started by an early read.
+__global__ void turn_kernel(int* turn, int* log, int* ran, bool bulk) {
   const int mine = int(gridDim.x - 1 - blockIdx.x);
-  ptx::thread_wait_turn(turn, mine);
+  if (!bulk) {
+    ptx::thread_wait_turn(turn, mine, ptx::thread_load_turn(turn));
+    log[mine] = int(blockIdx.x);
+    ptx::thread_pass_turn(turn);
+    if (blockIdx.x == 0) *ran = 1;
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  ptx::thread_wait_turn_bulk(turn, mine);
   log[mine] = int(blockIdx.x);
-  ptx::thread_pass_turn(turn);
+  ptx::thread_pass_turn_bulk(turn);
   if (blockIdx.x == 0) *ran = 1;
 #else
   if (blockIdx.x == 0) *ran = 0;
@@ -454,22 +462,28 @@ TEST_F(Ptx, VectorReductionsAddOnHopper) {
   cudaFree(ran);
 }
 
-TEST_F(Ptx, TurnsPassInOrderOnHopper) {
-  int *turn = nullptr, *log = nullptr, *ran = nullptr;
-  FA_CUDA_OK(cudaMalloc(&turn, 4));
-  FA_CUDA_OK(cudaMalloc(&log, 8 * 4));
-  FA_CUDA_OK(cudaMalloc(&ran, 4));
-  FA_CUDA_OK(cudaMemset(turn, 0, 4));
-  FA_CUDA_OK(cudaMemset(log, 0xff, 8 * 4));
-  turn_kernel<<<8, 1>>>(turn, log, ran);
-  FA_CUDA_OK(cudaDeviceSynchronize());
-  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "turns need sm90";
-  EXPECT_EQ(to_host(turn, 1)[0], 8);
-  auto got = to_host(log, 8);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(got[i], 7 - i) << i;
-  cudaFree(turn);
-  cudaFree(log);
-  cudaFree(ran);
+TEST_F(Ptx, TurnsPassInOrder) {
+  for (bool bulk : {false, true}) {
+    SCOPED_TRACE(bulk ? "bulk (Hopper) turns" : "turns");
+    int *turn = nullptr, *log = nullptr, *ran = nullptr;
+    FA_CUDA_OK(cudaMalloc(&turn, 4));
+    FA_CUDA_OK(cudaMalloc(&log, 8 * 4));
+    FA_CUDA_OK(cudaMalloc(&ran, 4));
+    FA_CUDA_OK(cudaMemset(turn, 0, 4));
+    FA_CUDA_OK(cudaMemset(log, 0xff, 8 * 4));
+    turn_kernel<<<8, 1>>>(turn, log, ran, bulk);
+    FA_CUDA_OK(cudaDeviceSynchronize());
+    if (to_host(ran, 1)[0]) {
+      EXPECT_EQ(to_host(turn, 1)[0], 8);
+      auto got = to_host(log, 8);
+      for (int i = 0; i < 8; ++i) EXPECT_EQ(got[i], 7 - i) << i;
+    } else {
+      EXPECT_TRUE(bulk) << "the plain turns run on every arch";
+    }
+    cudaFree(turn);
+    cudaFree(log);
+    cudaFree(ran);
+  }
 }
 
 TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {

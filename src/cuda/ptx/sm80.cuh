@@ -121,6 +121,31 @@ __device__ __forceinline__ void thread_red_add_f32x2(float* a, float x, float y)
 #endif
 }
 
+// ---- turns between CTAs (the deterministic backward's ordered dQ additions) ------------------
+
+// One read of a turn counter, an acquire at gpu scope (issued early, its latency hides under
+// other work before thread_wait_turn needs it).
+__device__ __forceinline__ int thread_load_turn(const int* turn) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(turn) : "memory");
+  return seen;
+}
+
+// Waits until *turn == value, given `seen`, a value read by thread_load_turn: what the previous
+// holder wrote before passing the turn is then visible to this thread (and, after a barrier, to
+// its warp or CTA).
+__device__ __forceinline__ void thread_wait_turn(const int* turn, int value, int seen) {
+  while (seen != value) seen = thread_load_turn(turn);
+}
+
+// Passes the turn on (*turn += 1): a gpu-scope fence, which through a preceding barrier also covers
+// the CTA's reductions, then a relaxed increment (the release pattern; a red.release would fence
+// a second time).
+__device__ __forceinline__ void thread_pass_turn(int* turn) {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+}
+
 // Asks L2 to fetch the 128-byte line holding `a` (no registers, no effect on values; a hint).
 __device__ __forceinline__ void thread_prefetch_l2(const void* a) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));

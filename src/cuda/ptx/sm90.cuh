@@ -36,19 +36,17 @@ __device__ __forceinline__ void thread_red_add_f32x4(float* gmem, float4 v) {
                : "memory");
 }
 
-// Turns between CTAs (the ordered deterministic backward): wait until *turn == value (an acquire
-// at gpu scope, so what the previous holder wrote before passing is visible), then order the async
-// proxy (bulk reductions this thread issues next) after it.
-__device__ __forceinline__ void thread_wait_turn(const int* turn, int value) {
+// Turns between CTAs around bulk operations (the Hopper backward's ordered dQ reductions): as in
+// sm80.cuh, with the async proxy (bulk reductions this thread issues next) ordered after the wait,
+// and this thread's completed bulk operations covered by the pass.
+__device__ __forceinline__ void thread_wait_turn_bulk(const int* turn, int value) {
   int seen;
   do {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(turn) : "memory");
   } while (seen != value);
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
-// Passes the turn on (*turn += 1, a release at gpu scope after a fence that also covers this
-// thread's completed bulk operations and, through a preceding barrier, its CTA's reductions).
-__device__ __forceinline__ void thread_pass_turn(int* turn) {
+__device__ __forceinline__ void thread_pass_turn_bulk(int* turn) {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");

@@ -13,10 +13,12 @@
 //   3. convert: dq = scale * dq_accum in the input dtype.
 // dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
 // vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs.
-// In deterministic mode the grid has `splits` CTAs per (KV head, batch), each walking key tiles
-// split, split + splits, ... and adding its dQ into its own fp32 slice, which no other CTA touches,
-// with plain loads and stores: a slice element always belongs to the same thread, which adds the
-// key tiles in order; the convert kernel sums the slices in index order.
+// In deterministic mode the key tiles visiting a query tile take turns (a counter per dQ tile in
+// the workspace, as on the Hopper path): each warp adds its part once the counter shows this key
+// tile's turn (ordered_turn), and thread 0 passes the turn at the next step's middle barrier, by
+// when the step's additions have long been issued, so its fence seldom waits. The key tiles walk
+// their query tiles in the direction of the turn order (Walk below; bwd_layout.h says which order
+// and why), so that each reaches a query tile after the key tiles before it.
 //
 // Warp layouts (tile_size.h picks them): phase 1 (S^T, dP^T) puts kKeyWarpsS warps along the keys
 // and the rest along the queries, phase 2 (dV, dK) kKeyWarpsKV along the keys and the rest along
@@ -76,9 +78,9 @@ struct BwdTraits {
 
 // ---- 3. convert ---------------------------------------------------------------------------------
 
-// One thread per 8 head-dim columns of one (row, head); sums the splits in index order, then
-// applies the softmax scale, which the main kernel leaves out of dS (as for dK, scaled once when
-// written: one multiply per element per key tile instead of one per element per step).
+// One thread per 8 head-dim columns of one (row, head); applies the softmax scale, which the main
+// kernel leaves out of dS (as for dK, scaled once when written: one multiply per element per key
+// tile instead of one per element per step).
 template <class E>
 __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
                                                                   BwdWorkspace ws) {
@@ -90,12 +92,10 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
   const int64_t row = idx / chunks;
   const int x = int(idx % chunks) * 8;
   if (row >= sq) return;
-  const int64_t slice = p.total_q * p.heads_q * p.head_dim;
   const float* acc = ws.dq_accum + ((workspace_row0(p, b) + row) * p.heads_q + h) * p.head_dim + x;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int s = 0; s < ws.splits; ++s)
+  float v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] += acc[s * slice + i];
+  for (int i = 0; i < 8; ++i) v[i] = acc[i];
   E* dq = static_cast<E*>(p.dq) + p.dq_s.offset(b, q0 + row, h) + x;
 #pragma unroll
   for (int i = 0; i < 8; i += 2)
@@ -104,11 +104,42 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
 
 // ---- 2. main ------------------------------------------------------------------------------------
 
-// kDeterministic is a template parameter, not a runtime flag: with a runtime flag the slice loads of
-// phase 3 cost the default kernel registers (d=128 spilled 88 bytes instead of 32).
+// The deterministic mode's turn order (bwd_layout.h) and the key tiles' launch order.
+struct BwdTurns {
+  TurnOrder order = TurnOrder::down;
+  bool keys_descending = false;  // CTA x takes key tile gridDim.x - 1 - x
+};
+
+// A key tile's walk over its m_count query tiles (of each query head, relative to its first):
+// upward by default; in deterministic mode in the turn order's direction: `down` from the last,
+// `up` from the first, `around` from the key tile's diagonal, wrapping round past the last.
+template <bool kDeterministic>
+struct Walk {
+  int m_count, first = 0, wrap;
+  bool down = false;
+  __device__ __forceinline__ Walk(int count, int64_t n, int64_t n_tiles, const BwdTurns& turns)
+      : m_count(count), wrap(count) {
+    if constexpr (kDeterministic) {
+      down = turns.order == TurnOrder::down;
+      if (turns.order == TurnOrder::around && count > 0) {
+        first = core::around_first_query_tile(int(n), int(n_tiles), count);
+        wrap = count - first;
+      }
+    }
+  }
+  // The query tile of walk position i.
+  __device__ __forceinline__ int tile(int i) const {
+    if constexpr (!kDeterministic) return i;
+    if (down) return m_count - 1 - i;
+    return i < wrap ? first + i : first + i - m_count;
+  }
+};
+
+// kDeterministic is a template parameter, not a runtime flag, so the default kernel carries none of
+// the turns' registers and instructions.
 template <class T, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
-    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws) {
+    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws, BwdTurns turns) {
   using E = typename T::Element;
   using Mma = ptx::Mma<E>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -139,7 +170,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const core::MaskSpec mask{sq, sk, p.window_left, p.window_right};
   const float c = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
-  float* dq_slice = ws.dq_accum + (kDeterministic ? int64_t(blockIdx.x) * p.total_q * p.heads_q * p.head_dim : 0);
 
   // Lane address plans (smem_tile.cuh): A fragments of K, V (phase 1) and of P^T, dS^T (phase 2),
   // this warp's first key row; B fragments of Q, dO (phase 1, non-transposed); transposed B
@@ -160,285 +190,289 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const int q_row_stride = int(p.heads_q * p.head_dim);
 
   const int64_t n_blocks = (sk + T::kBlockN - 1) / T::kBlockN;
-  for (int64_t n = blockIdx.x; n < n_blocks; n += gridDim.x) {
-    const int64_t key0 = n * T::kBlockN;
-    const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
-    const core::QueryTiles q_tiles = core::query_tiles_seeing(mask, key0, key0 + keys_valid, T::kBlockM);
-    const int64_t m_begin = q_tiles.m_begin;
-    const int m_count = int(q_tiles.m_end - m_begin);  // query tiles per head (one sequence's: 32 bits)
-    const int steps = m_count * group;                  // (query head, query tile) pairs, tiles fastest
-    // The steps on these query tiles need no element-wise mask.
-    const core::QueryTiles unmasked = core::query_tiles_unmasked(mask, key0, T::kBlockN, T::kBlockM);
-    // A step's (query head, query tile) relative to (hk * group, m_begin), advanced without the
-    // divisions that would recover them from the step index (a 64-bit one per use cost the loop
-    // about a tenth of its instructions).
-    auto advance = [&](int& m, int& h) {
-      if (++m == m_count) {
-        m = 0;
-        ++h;
-      }
-    };
-
-    float acc_dk[T::kTilesKV][T::kColsKV / 8][4], acc_dv[T::kTilesKV][T::kColsKV / 8][4];
-#pragma unroll
-    for (int i = 0; i < T::kTilesKV; ++i)
-#pragma unroll
-      for (int j = 0; j < T::kColsKV / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dk[i][j][e] = acc_dv[i][j][e] = 0.f;
-
-    const E* kg = static_cast<const E*>(p.k) + p.k_s.offset(b, k0 + key0, hk);
-    const E* vg = static_cast<const E*>(p.v) + p.v_s.offset(b, k0 + key0, hk);
-    block_load_tile<T, T::kBlockN>(sK, kg, p.k_s.row, keys_valid, chunks_valid);
-    block_load_tile<T, T::kBlockN>(sV, vg, p.v_s.row, keys_valid, chunks_valid);
-
-    auto load_step = [&](int step_h, int step_m, int stage) {
-      const int h = hk * group + step_h;
-      const int64_t m0 = (m_begin + step_m) * T::kBlockM;
-      const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-      block_load_tile<T, T::kBlockM>(sStage + 2 * stage * T::kTileQ,
-                                     static_cast<const E*>(p.q) + p.q_s.offset(b, q0 + m0, h), p.q_s.row, rows,
-                                     chunks_valid);
-      block_load_tile<T, T::kBlockM>(sStage + (2 * stage + 1) * T::kTileQ,
-                                     static_cast<const E*>(p.dout) + p.do_s.offset(b, q0 + m0, h), p.do_s.row, rows,
-                                     chunks_valid);
-      if (threadIdx.x < T::kBlockM) {
-        int64_t w = int64_t(h) * p.total_q + wrow0 + m0 + threadIdx.x;
-        bool valid = int(threadIdx.x) < rows;
-        ptx::thread_cp_async_4(sLse + stage * T::kBlockM + threadIdx.x, valid ? ws.lse2 + w : ws.lse2, valid);
-        ptx::thread_cp_async_4(sDelta + stage * T::kBlockM + threadIdx.x, valid ? ws.delta + w : ws.delta, valid);
-      }
-    };
-    // Steps 0 .. kStages-2 ahead (K/V join the first group); each step then commits one group
-    // (empty past the end) for step it + kStages - 1, so "kStages - 2 groups pending" at the top of
-    // step `it` means "step `it` has landed". (load_m, load_h): the next step to load.
-    int load_m = 0, load_h = 0;
-#pragma unroll
-    for (int s = 0; s < T::kStages - 1; ++s) {
-      if (s < steps) load_step(load_h, load_m, s);
-      ptx::thread_cp_async_commit();
-      advance(load_m, load_h);
+  const int64_t n = kDeterministic && turns.keys_descending ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
+  if (n >= n_blocks) return;
+  const int64_t key0 = n * T::kBlockN;
+  const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
+  const core::QueryTiles q_tiles = core::query_tiles_seeing(mask, key0, key0 + keys_valid, T::kBlockM);
+  const int64_t m_begin = q_tiles.m_begin;
+  const int m_count = int(q_tiles.m_end - m_begin);  // query tiles per head (one sequence's: 32 bits)
+  const int steps = m_count * group;                  // (query head, query tile) pairs, tiles fastest
+  // The steps on these query tiles need no element-wise mask.
+  const core::QueryTiles unmasked = core::query_tiles_unmasked(mask, key0, T::kBlockN, T::kBlockM);
+  const Walk<kDeterministic> walk(m_count, n, n_blocks, turns);
+  // A step's (query head, walk position) relative to (hk * group, 0), advanced without the
+  // divisions that would recover them from the step index (a 64-bit one per use cost the loop
+  // about a tenth of its instructions).
+  auto advance = [&](int& i, int& h) {
+    if (++i == m_count) {
+      i = 0;
+      ++h;
     }
+  };
 
-    auto step_fn = [&](int it, int step_h, int step_m, auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      const int stage = it % T::kStages;
-      if constexpr (T::kStages == 1) {
-        __syncthreads();  // the one stage is free once every warp is done with the previous step
-        load_step(step_h, step_m, 0);
-        ptx::thread_cp_async_commit();
-        ptx::thread_cp_async_wait<0>();
-      } else {
-        ptx::thread_cp_async_wait<T::kStages - 2>();
+  float acc_dk[T::kTilesKV][T::kColsKV / 8][4], acc_dv[T::kTilesKV][T::kColsKV / 8][4];
+#pragma unroll
+  for (int i = 0; i < T::kTilesKV; ++i)
+#pragma unroll
+    for (int j = 0; j < T::kColsKV / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[i][j][e] = acc_dv[i][j][e] = 0.f;
+
+  const E* kg = static_cast<const E*>(p.k) + p.k_s.offset(b, k0 + key0, hk);
+  const E* vg = static_cast<const E*>(p.v) + p.v_s.offset(b, k0 + key0, hk);
+  block_load_tile<T, T::kBlockN>(sK, kg, p.k_s.row, keys_valid, chunks_valid);
+  block_load_tile<T, T::kBlockN>(sV, vg, p.v_s.row, keys_valid, chunks_valid);
+
+  auto load_step = [&](int step_h, int step_m, int stage) {
+    const int h = hk * group + step_h;
+    const int64_t m0 = (m_begin + step_m) * T::kBlockM;
+    const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
+    block_load_tile<T, T::kBlockM>(sStage + 2 * stage * T::kTileQ,
+                                   static_cast<const E*>(p.q) + p.q_s.offset(b, q0 + m0, h), p.q_s.row, rows,
+                                   chunks_valid);
+    block_load_tile<T, T::kBlockM>(sStage + (2 * stage + 1) * T::kTileQ,
+                                   static_cast<const E*>(p.dout) + p.do_s.offset(b, q0 + m0, h), p.do_s.row, rows,
+                                   chunks_valid);
+    if (threadIdx.x < T::kBlockM) {
+      int64_t w = int64_t(h) * p.total_q + wrow0 + m0 + threadIdx.x;
+      bool valid = int(threadIdx.x) < rows;
+      ptx::thread_cp_async_4(sLse + stage * T::kBlockM + threadIdx.x, valid ? ws.lse2 + w : ws.lse2, valid);
+      ptx::thread_cp_async_4(sDelta + stage * T::kBlockM + threadIdx.x, valid ? ws.delta + w : ws.delta, valid);
+    }
+  };
+  // Steps 0 .. kStages-2 ahead (K/V join the first group); each step then commits one group
+  // (empty past the end) for step it + kStages - 1, so "kStages - 2 groups pending" at the top of
+  // step `it` means "step `it` has landed". (load_i, load_h): the next step to load.
+  int load_i = 0, load_h = 0;
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s) {
+    if (s < steps) load_step(load_h, walk.tile(load_i), s);
+    ptx::thread_cp_async_commit();
+    advance(load_i, load_h);
+  }
+  // Deterministic mode: the dQ turn counters of this sequence's query tiles (of query head 0), and
+  // the turn that thread 0 passes at the next barrier after its step's additions.
+  int* const seq_turns = kDeterministic ? ws.dq_turn + tile_base(p, T::kBlockM, b) : nullptr;
+  int* passing = nullptr;
+
+  auto step_fn = [&](int it, int step_h, int step_m, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    const int stage = it % T::kStages;
+    if constexpr (T::kStages == 1) {
+      __syncthreads();  // the one stage is free once every warp is done with the previous step
+      load_step(step_h, step_m, 0);
+      ptx::thread_cp_async_commit();
+      ptx::thread_cp_async_wait<0>();
+    } else {
+      ptx::thread_cp_async_wait<T::kStages - 2>();
+    }
+    // After this barrier every warp is past the previous step: its P^T, dS^T and Q/dO stage are
+    // free, and that stage takes step it + kStages - 1. With two or more stages, two barriers per step.
+    __syncthreads();
+    if constexpr (T::kStages > 1) {
+      const int next = it + T::kStages - 1;
+      if (next < steps) load_step(load_h, walk.tile(load_i), next % T::kStages);
+      ptx::thread_cp_async_commit();
+      advance(load_i, load_h);
+    }
+    const int h = hk * group + step_h;
+    const int64_t m0 = (m_begin + step_m) * T::kBlockM;
+    E* sQs = sStage + 2 * stage * T::kTileQ;
+    const E* sdOs = sQs + T::kTileQ;
+    const float* lse2 = sLse + stage * T::kBlockM;
+    const float* delta = sDelta + stage * T::kBlockM;
+    const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
+    float* dq_rows = ws.dq_accum + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
+
+    // Phase 1: S^T = K Q^T and dP^T = V dO^T for this warp's kRowsS keys x kColsS queries; the
+    // K and V fragments of a k-step serve all of the warp's query columns.
+    float acc_s[T::kTilesS][T::kColsS / 8][4], acc_dp[T::kTilesS][T::kColsS / 8][4];
+#pragma unroll
+    for (int i = 0; i < T::kTilesS; ++i)
+#pragma unroll
+      for (int j = 0; j < T::kColsS / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[i][j][e] = acc_dp[i][j][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < T::kHeadDim / 16; ++ks) {
+      uint32_t a_k[T::kTilesS][4], a_v[T::kTilesS][4];
+#pragma unroll
+      for (int i = 0; i < T::kTilesS; ++i) {
+        ptx::warp_ldmatrix_x4(a_k[i], sK + kv_a.at(16 * i, 2 * ks));
+        ptx::warp_ldmatrix_x4(a_v[i], sV + kv_a.at(16 * i, 2 * ks));
       }
-      // After this barrier every warp is past the previous step: its P^T, dS^T and Q/dO stage are
-      // free, and that stage takes step it + kStages - 1. With two or more stages, two barriers per step.
-      __syncthreads();
-      if constexpr (T::kStages > 1) {
-        const int next = it + T::kStages - 1;
-        if (next < steps) load_step(load_h, load_m, next % T::kStages);
-        ptx::thread_cp_async_commit();
-        advance(load_m, load_h);
-      }
-      const int h = hk * group + step_h;
-      const int64_t m0 = (m_begin + step_m) * T::kBlockM;
-      E* sQs = sStage + 2 * stage * T::kTileQ;
-      const E* sdOs = sQs + T::kTileQ;
-      const float* lse2 = sLse + stage * T::kBlockM;
-      const float* delta = sDelta + stage * T::kBlockM;
-      const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-      float* dq_rows = dq_slice + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
-      // Deterministic mode reads this step's dQ tile back in phase 3; its slice was last touched a
-      // whole key tile ago (likely evicted from L2), so ask for its lines now, a step's work ahead.
-      if constexpr (kDeterministic) {
-        constexpr int kLines = T::kHeadDim / 32;  // 128-byte lines per fp32 row
-        for (int i = int(threadIdx.x); i < T::kBlockM * kLines; i += T::kThreads) {
-          const int row = i / kLines, col = i % kLines * 32;
-          if (row < rows && col < p.head_dim) ptx::thread_prefetch_l2(dq_rows + int64_t(row) * q_row_stride + col);
+#pragma unroll
+      for (int jn = 0; jn < T::kColsS / 8; jn += 2) {
+        uint32_t bq[4], bdo[4];
+        ptx::warp_ldmatrix_x4(bq, sQs + qdo_b.at(8 * jn, 2 * ks));
+        ptx::warp_ldmatrix_x4(bdo, sdOs + qdo_b.at(8 * jn, 2 * ks));
+#pragma unroll
+        for (int i = 0; i < T::kTilesS; ++i) {
+          Mma::warp_m16n8k16(acc_s[i][jn], a_k[i], bq[0], bq[1]);
+          Mma::warp_m16n8k16(acc_s[i][jn + 1], a_k[i], bq[2], bq[3]);
+          Mma::warp_m16n8k16(acc_dp[i][jn], a_v[i], bdo[0], bdo[1]);
+          Mma::warp_m16n8k16(acc_dp[i][jn + 1], a_v[i], bdo[2], bdo[3]);
         }
       }
+    }
 
-      // Phase 1: S^T = K Q^T and dP^T = V dO^T for this warp's kRowsS keys x kColsS queries; the
-      // K and V fragments of a k-step serve all of the warp's query columns.
-      float acc_s[T::kTilesS][T::kColsS / 8][4], acc_dp[T::kTilesS][T::kColsS / 8][4];
+    // P^T and dS^T per element (key row r, query column q), stored to shared memory as 16 bits.
+    // Masked steps test each element against the mask's band around the tile's corner in 32 bits
+    // (core::MaskBand: rows and keys past the sequences, and the window).
+    const core::MaskBand band = core::mask_band(mask, m0, key0);
+#pragma unroll
+    for (int j = 0; j < T::kColsS / 8; ++j) {
+      const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
+      const float2 dl = *reinterpret_cast<const float2*>(delta + col);
 #pragma unroll
       for (int i = 0; i < T::kTilesS; ++i)
 #pragma unroll
-        for (int j = 0; j < T::kColsS / 8; ++j)
+        for (int rr = 0; rr < 2; ++rr) {
+          const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
+          float pv[2], dsv[2];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[i][j][e] = acc_dp[i][j][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < T::kHeadDim / 16; ++ks) {
-        uint32_t a_k[T::kTilesS][4], a_v[T::kTilesS][4];
-#pragma unroll
-        for (int i = 0; i < T::kTilesS; ++i) {
-          ptx::warp_ldmatrix_x4(a_k[i], sK + kv_a.at(16 * i, 2 * ks));
-          ptx::warp_ldmatrix_x4(a_v[i], sV + kv_a.at(16 * i, 2 * ks));
-        }
-#pragma unroll
-        for (int jn = 0; jn < T::kColsS / 8; jn += 2) {
-          uint32_t bq[4], bdo[4];
-          ptx::warp_ldmatrix_x4(bq, sQs + qdo_b.at(8 * jn, 2 * ks));
-          ptx::warp_ldmatrix_x4(bdo, sdOs + qdo_b.at(8 * jn, 2 * ks));
-#pragma unroll
-          for (int i = 0; i < T::kTilesS; ++i) {
-            Mma::warp_m16n8k16(acc_s[i][jn], a_k[i], bq[0], bq[1]);
-            Mma::warp_m16n8k16(acc_s[i][jn + 1], a_k[i], bq[2], bq[3]);
-            Mma::warp_m16n8k16(acc_dp[i][jn], a_v[i], bdo[0], bdo[1]);
-            Mma::warp_m16n8k16(acc_dp[i][jn + 1], a_v[i], bdo[2], bdo[3]);
+          for (int e = 0; e < 2; ++e) {
+            float u = acc_s[i][j][2 * rr + e];
+            if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
+            float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
+            if constexpr (kMasked)
+              if (!band.visible(col + e, row)) pe = 0.f;
+            float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x));
+            if constexpr (kSoftcap) ds *= 1.f - u * u;
+            pv[e] = pe;
+            dsv[e] = ds;
           }
+          const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
+          *reinterpret_cast<uint32_t*>(sP + off) = ptx::thread_pack2<E>(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(sdS + off) = ptx::thread_pack2<E>(dsv[0], dsv[1]);
         }
-      }
+    }
+    __syncthreads();
+    // Every warp's additions of the previous step were issued before this step's first barrier.
+    if constexpr (kDeterministic)
+      if (threadIdx.x == 0 && passing != nullptr) ptx::thread_pass_turn(passing);
 
-      // P^T and dS^T per element (key row r, query column q), stored to shared memory as 16 bits.
-      // Masked steps test each element against the mask's band around the tile's corner in 32 bits
-      // (core::MaskBand: rows and keys past the sequences, and the window).
-      const core::MaskBand band = core::mask_band(mask, m0, key0);
+    // Phase 2: dV += P^T dO and dK += dS^T Q for this warp's kRowsKV keys x kColsKV columns.
 #pragma unroll
-      for (int j = 0; j < T::kColsS / 8; ++j) {
-        const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
-        const float2 dl = *reinterpret_cast<const float2*>(delta + col);
+    for (int kk = 0; kk < T::kBlockM / 16; ++kk) {
+      uint32_t a_p[T::kTilesKV][4], a_ds[T::kTilesKV][4];
 #pragma unroll
-        for (int i = 0; i < T::kTilesS; ++i)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
-            float pv[2], dsv[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float u = acc_s[i][j][2 * rr + e];
-              if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
-              float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
-              if constexpr (kMasked)
-                if (!band.visible(col + e, row)) pe = 0.f;
-              float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x));
-              if constexpr (kSoftcap) ds *= 1.f - u * u;
-              pv[e] = pe;
-              dsv[e] = ds;
-            }
-            const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
-            *reinterpret_cast<uint32_t*>(sP + off) = ptx::thread_pack2<E>(pv[0], pv[1]);
-            *reinterpret_cast<uint32_t*>(sdS + off) = ptx::thread_pack2<E>(dsv[0], dsv[1]);
-          }
+      for (int i = 0; i < T::kTilesKV; ++i) {
+        ptx::warp_ldmatrix_x4(a_p[i], sP + p_a.at(16 * i, 2 * kk));
+        ptx::warp_ldmatrix_x4(a_ds[i], sdS + p_a.at(16 * i, 2 * kk));
       }
-      __syncthreads();
-
-      // Phase 2: dV += P^T dO and dK += dS^T Q for this warp's kRowsKV keys x kColsKV columns.
 #pragma unroll
-      for (int kk = 0; kk < T::kBlockM / 16; ++kk) {
-        uint32_t a_p[T::kTilesKV][4], a_ds[T::kTilesKV][4];
+      for (int jd = 0; jd < T::kColsKV / 8; jd += 2) {
+        uint32_t bdo[4], bq[4];
+        ptx::warp_ldmatrix_x4_trans(bdo, sdOs + trans_b.at(16 * kk, d_chunk_kv + jd));
+        ptx::warp_ldmatrix_x4_trans(bq, sQs + trans_b.at(16 * kk, d_chunk_kv + jd));
 #pragma unroll
         for (int i = 0; i < T::kTilesKV; ++i) {
-          ptx::warp_ldmatrix_x4(a_p[i], sP + p_a.at(16 * i, 2 * kk));
-          ptx::warp_ldmatrix_x4(a_ds[i], sdS + p_a.at(16 * i, 2 * kk));
-        }
-#pragma unroll
-        for (int jd = 0; jd < T::kColsKV / 8; jd += 2) {
-          uint32_t bdo[4], bq[4];
-          ptx::warp_ldmatrix_x4_trans(bdo, sdOs + trans_b.at(16 * kk, d_chunk_kv + jd));
-          ptx::warp_ldmatrix_x4_trans(bq, sQs + trans_b.at(16 * kk, d_chunk_kv + jd));
-#pragma unroll
-          for (int i = 0; i < T::kTilesKV; ++i) {
-            Mma::warp_m16n8k16(acc_dv[i][jd], a_p[i], bdo[0], bdo[1]);
-            Mma::warp_m16n8k16(acc_dv[i][jd + 1], a_p[i], bdo[2], bdo[3]);
-            Mma::warp_m16n8k16(acc_dk[i][jd], a_ds[i], bq[0], bq[1]);
-            Mma::warp_m16n8k16(acc_dk[i][jd + 1], a_ds[i], bq[2], bq[3]);
-          }
+          Mma::warp_m16n8k16(acc_dv[i][jd], a_p[i], bdo[0], bdo[1]);
+          Mma::warp_m16n8k16(acc_dv[i][jd + 1], a_p[i], bdo[2], bdo[3]);
+          Mma::warp_m16n8k16(acc_dk[i][jd], a_ds[i], bq[0], bq[1]);
+          Mma::warp_m16n8k16(acc_dk[i][jd + 1], a_ds[i], bq[2], bq[3]);
         }
       }
-
-      // Phase 3: dQ += dS K for this warp's kRowsQ query rows x kColsQ columns, added to fp32
-      // global memory straight from the accumulators: no staging, so no barrier. Default mode
-      // reduces with relaxed atomics; deterministic mode owns its slice, so the accumulators start
-      // from the slice's values and are stored back (each element always by the same thread, in
-      // key-tile order).
-      {
-        float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
-        float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
-        // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
-        auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
-#pragma unroll
-        for (int i = 0; i < T::kTilesQ; ++i)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-            for (int j = 0; j < T::kColsQ / 8; ++j) {
-              float2 v = make_float2(0.f, 0.f);
-              if (kDeterministic && row_ok(i, rr) && j < q_cols_valid)
-                v = *reinterpret_cast<const float2*>(dq_thread + (16 * i + 8 * rr) * q_row_stride + 8 * j);
-              acc_dq[i][j][2 * rr] = v.x;
-              acc_dq[i][j][2 * rr + 1] = v.y;
-            }
-#pragma unroll
-        for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
-          uint32_t a_ds[T::kTilesQ][4];
-#pragma unroll
-          for (int i = 0; i < T::kTilesQ; ++i)
-            ptx::warp_ldmatrix_x4_trans(a_ds[i], sdS + ds_a_trans.at(16 * kk, 2 * (T::kTilesQ * warp_mq + i)));
-#pragma unroll
-          for (int jd = 0; jd < T::kColsQ / 8; jd += 2) {
-            uint32_t bk[4];
-            ptx::warp_ldmatrix_x4_trans(bk, sK + trans_b.at(16 * kk, d_chunk_q + jd));
-#pragma unroll
-            for (int i = 0; i < T::kTilesQ; ++i) {
-              Mma::warp_m16n8k16(acc_dq[i][jd], a_ds[i], bk[0], bk[1]);
-              Mma::warp_m16n8k16(acc_dq[i][jd + 1], a_ds[i], bk[2], bk[3]);
-            }
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < T::kTilesQ; ++i)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            if (!row_ok(i, rr)) continue;
-            float* dst_row = dq_thread + (16 * i + 8 * rr) * q_row_stride;
-#pragma unroll
-            for (int j = 0; j < T::kColsQ / 8; ++j) {
-              if (j >= q_cols_valid) continue;
-              float* dst = dst_row + 8 * j;
-              if constexpr (kDeterministic)
-                *reinterpret_cast<float2*>(dst) = make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
-              else
-                ptx::thread_red_add_f32x2(dst, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
-            }
-          }
-      }
-    };
-
-    for (int it = 0, step_m = 0, step_h = 0; it < steps; ++it) {
-      const int64_t m = m_begin + step_m;
-      if (m < unmasked.m_begin || m >= unmasked.m_end)
-        step_fn(it, step_h, step_m, std::true_type{});
-      else
-        step_fn(it, step_h, step_m, std::false_type{});
-      advance(step_m, step_h);
     }
-    // Drain the (empty) trailing groups, and let every warp finish the last step before the next
-    // key tile reuses K/V and the stages.
-    ptx::thread_cp_async_wait<0>();
-    __syncthreads();
 
-    // dK, dV of this key tile, written once (all query heads of the group are in).
+    // Phase 3: dQ += dS K for this warp's kRowsQ query rows x kColsQ columns, added to fp32
+    // global memory straight from the accumulators with relaxed atomics: no staging, so no
+    // barrier. In deterministic mode each warp adds once this key tile's turn has come.
+    {
+      // Deterministic mode: this step's turn counter, read once now, while the MMAs run.
+      [[maybe_unused]] int* turn = nullptr;
+      [[maybe_unused]] int turn_seen = 0;
+      if constexpr (kDeterministic) {
+        turn = seq_turns + int64_t(h) * ws.tiles_per_head + m_begin + step_m;
+        if (lane == 0) turn_seen = ptx::thread_load_turn(turn);
+      }
+      float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
+      float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
+      // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
+      auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
 #pragma unroll
-    for (int i = 0; i < T::kTilesKV; ++i)
+      for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int row = T::kRowsKV * warp_kkv + 16 * i + g + 8 * rr;
-        if (row >= keys_valid) continue;
-        E* dk = static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk);
-        E* dv = static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk);
+        for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int j = 0; j < T::kColsKV / 8; ++j) {
-          const int col = 8 * (d_chunk_kv + j) + 2 * t;
-          if (col >= p.head_dim) continue;
-          *reinterpret_cast<uint32_t*>(dk + col) =
-              ptx::thread_pack2<E>(acc_dk[i][j][2 * rr] * p.scale, acc_dk[i][j][2 * rr + 1] * p.scale);
-          *reinterpret_cast<uint32_t*>(dv + col) =
-              ptx::thread_pack2<E>(acc_dv[i][j][2 * rr], acc_dv[i][j][2 * rr + 1]);
+          for (int j = 0; j < T::kColsQ / 8; ++j) acc_dq[i][j][2 * rr] = acc_dq[i][j][2 * rr + 1] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+        uint32_t a_ds[T::kTilesQ][4];
+#pragma unroll
+        for (int i = 0; i < T::kTilesQ; ++i)
+          ptx::warp_ldmatrix_x4_trans(a_ds[i], sdS + ds_a_trans.at(16 * kk, 2 * (T::kTilesQ * warp_mq + i)));
+#pragma unroll
+        for (int jd = 0; jd < T::kColsQ / 8; jd += 2) {
+          uint32_t bk[4];
+          ptx::warp_ldmatrix_x4_trans(bk, sK + trans_b.at(16 * kk, d_chunk_q + jd));
+#pragma unroll
+          for (int i = 0; i < T::kTilesQ; ++i) {
+            Mma::warp_m16n8k16(acc_dq[i][jd], a_ds[i], bk[0], bk[1]);
+            Mma::warp_m16n8k16(acc_dq[i][jd + 1], a_ds[i], bk[2], bk[3]);
+          }
         }
       }
+      if constexpr (kDeterministic) {
+        if (lane == 0)
+          ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns.order),
+                                turn_seen);
+        __syncwarp();
+        passing = turn;
+      }
+#pragma unroll
+      for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          if (!row_ok(i, rr)) continue;
+          float* dst_row = dq_thread + (16 * i + 8 * rr) * q_row_stride;
+#pragma unroll
+          for (int j = 0; j < T::kColsQ / 8; ++j) {
+            if (j >= q_cols_valid) continue;
+            ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+          }
+        }
+    }
+  };
+
+  for (int it = 0, step_i = 0, step_h = 0; it < steps; ++it) {
+    const int step_m = walk.tile(step_i);
+    const int64_t m = m_begin + step_m;
+    if (m < unmasked.m_begin || m >= unmasked.m_end)
+      step_fn(it, step_h, step_m, std::true_type{});
+    else
+      step_fn(it, step_h, step_m, std::false_type{});
+    advance(step_i, step_h);
   }
+  // Drain the (empty) trailing groups, and let every warp finish the last step before dK and dV
+  // leave (and the last step's additions are in before its turn passes).
+  ptx::thread_cp_async_wait<0>();
+  __syncthreads();
+  if constexpr (kDeterministic)
+    if (threadIdx.x == 0 && passing != nullptr) ptx::thread_pass_turn(passing);
+
+  // dK, dV of this key tile, written once (all query heads of the group are in).
+#pragma unroll
+  for (int i = 0; i < T::kTilesKV; ++i)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = T::kRowsKV * warp_kkv + 16 * i + g + 8 * rr;
+      if (row >= keys_valid) continue;
+      E* dk = static_cast<E*>(p.dk) + p.dk_s.offset(b, k0 + key0 + row, hk);
+      E* dv = static_cast<E*>(p.dv) + p.dv_s.offset(b, k0 + key0 + row, hk);
+#pragma unroll
+      for (int j = 0; j < T::kColsKV / 8; ++j) {
+        const int col = 8 * (d_chunk_kv + j) + 2 * t;
+        if (col >= p.head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk + col) =
+            ptx::thread_pack2<E>(acc_dk[i][j][2 * rr] * p.scale, acc_dk[i][j][2 * rr + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv + col) =
+            ptx::thread_pack2<E>(acc_dv[i][j][2 * rr], acc_dv[i][j][2 * rr + 1]);
+      }
+    }
 }
 
 }  // namespace flashattn::cuda::sm80

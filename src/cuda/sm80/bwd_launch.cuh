@@ -42,26 +42,32 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
   const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  // Deterministic mode: CTAs per (KV head, batch), each with its own fp32 dQ slice
-  // (src/cuda/sm80/bwd_kernel.cuh explains the order), as many as fill the resident slots best.
+  const int64_t query_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  // Deterministic mode: the key tiles visiting a query tile take turns adding into it, in the order
+  // turn_order picks for this grid (bwd_layout.h says which and why); `resident` bounds which
+  // waits may point at CTAs launched after the waiting one.
   BwdWorkspace ws;
-  ws.splits = 1;
+  ws.tiles_per_head = tiles_per_head(p, T::kBlockM);
+  sm80::BwdTurns turns;
   if (p.deterministic) {
     int per_sm = 1;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    ws.splits = deterministic_splits(p.heads_kv * p.batch, int64_t(sms) * std::max(per_sm, 1), n_blocks);
+    const int64_t resident = int64_t(sms) * std::max(per_sm, 1);
+    turns.order = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident);
+    turns.keys_descending = portable_keys_descending(turns.order, n_blocks, resident);
   }
   const int64_t rows = p.total_q * p.heads_q;
-  const size_t accum_bytes = size_t(ws.splits) * size_t(rows * p.head_dim) * 4;
-  const size_t bytes = workspace_bytes(rows, accum_bytes);
-  const WorkspaceMemory memory(bytes, stream);
-  start_backward<Element>(p, ws, memory, rows, accum_bytes, stream);
+  const size_t accum_bytes = size_t(rows * p.head_dim) * 4;
+  // The turn counters follow the dQ accumulator and are zeroed with it.
+  const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * 4 : 0;
+  const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes), stream);
+  start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
+  if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
-  unsigned grid_x = unsigned(p.deterministic ? ws.splits : n_blocks);
-  if (grid_x > 0) {
-    kernel<<<dim3(grid_x, unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(p, ws);
+  if (n_blocks > 0) {
+    kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(p, ws, turns);
     check_launch("flashattn backward kernel (portable path)");
   }
 

@@ -146,22 +146,6 @@ struct KeySteps {
   }
 };
 
-// Key tiles and query tiles of the mask's sequences (a CTA's key tiles; the `around` order's cycle).
-template <int BN>
-__device__ __forceinline__ int64_t key_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_k + BN - 1) / BN; }
-template <int BM>
-__device__ __forceinline__ int64_t query_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_q + BM - 1) / BM; }
-
-// Ordered mode: key tile n's turn at query tile m (how many of the key tiles visiting m add before
-// it), in KeySteps' order.
-template <int BM, int BN>
-__device__ __forceinline__ int ordered_turn(const core::MaskSpec& mask, int64_t n, int64_t m, TurnOrder turns) {
-  if (turns == TurnOrder::up) return int(core::last_key_tile_seeing(mask, m, BM, BN) - n);
-  if (turns == TurnOrder::around)
-    return core::around_turn(int(n), int(m), int(key_tile_count<BN>(mask)), int(query_tile_count<BM>(mask)));
-  return int(n - core::first_key_tile_seeing(mask, m, BM, BN));
-}
-
 template <int BM, int BN, bool kOrdered = false>
 __device__ __forceinline__ KeySteps<kOrdered> key_steps(const core::MaskSpec& mask, int64_t n, int group,
                                                         TurnOrder turns = TurnOrder::down) {
@@ -538,7 +522,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           for (int s = 0; s < ks.steps; ++s, ++it) {
             const int64_t tile = dq_tile(ws, cta, ks, s);
             const int buf = it % NB;
-            if (lane == 0) ptx::thread_wait_turn(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), P.sched.turns));
+            if (lane == 0) ptx::thread_wait_turn_bulk(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), P.sched.turns));
             ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
             if (lane == 0) {
               ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
@@ -549,7 +533,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
             if (s + 1 < ks.steps) ptx::thread_named_arrive(T::kDqEmptyBarrier + (it + 1) % NB, 256 + 32);
             if (lane == 0) {
               ptx::thread_bulk_wait_all();
-              ptx::thread_pass_turn(ws.dq_turn + tile);
+              ptx::thread_pass_turn_bulk(ws.dq_turn + tile);
             }
           }
           continue;

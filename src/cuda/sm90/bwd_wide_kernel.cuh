@@ -93,7 +93,8 @@ __device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdC
     const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, P.sched.turns);
     for (int s = 0; s < ks.steps; ++s, phase ^= 1u) {
       int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + c;
-      ptx::thread_wait_turn(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), P.sched.turns));
+      const int value = ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), P.sched.turns);
+      ptx::thread_wait_turn(turn, value, ptx::thread_load_turn(turn));
       ptx::thread_mbarrier_arrive(bars.granted(c));
       ptx::thread_mbarrier_wait(bars.added(c), phase);
       ptx::thread_pass_turn(turn);
@@ -153,11 +154,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const int key_a = 16 * warp + g;
   const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
-  // The dQ accumulator, addressed as split blockIdx.x's slice when there are several. This path
-  // never has (ws.splits is 1 and deterministic mode runs the turns), but without this offset
-  // ptxas allocates this kernel's registers otherwise and the default backward ran 3-5% slower
-  // (H200, bench/results/h200_bwd_det_up_2026-12-02.txt).
-  const bool sliced = !kOrdered && (ws.splits > 1 || p.deterministic);
+  // The dQ accumulator, addressed as a per-CTA slice in a deterministic call of this kernel. No
+  // call is (deterministic mode runs the ordered kernel), but without this offset ptxas allocates
+  // this kernel's registers otherwise and the default backward ran 3-5% slower (H200,
+  // bench/results/h200_bwd_det_up_2026-12-02.txt).
+  const bool sliced = !kOrdered && p.deterministic;
   float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
 
   // S^T (score) or dP^T (gradient): A = this warpgroup's K or V rows, K-major.
