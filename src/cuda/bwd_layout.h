@@ -74,12 +74,4 @@ inline TurnOrder hopper_turn_order(int64_t window_left, int64_t window_right, in
   return turn_order(window_left, window_right, n_blocks, query_tiles, sms);
 }
 
-// The portable kernel's launch order (src/cuda/sm80/bwd_kernel.cuh; one CTA per key tile, launched
-// in blockIdx order): key tiles ascending, so the longest ones under a right bound start first,
-// unless the `up` order's key tiles, which wait for higher ones, might not all be running at once
-// (the bound of `around`); then descending, so each waits only for key tiles started before it.
-inline bool portable_keys_descending(TurnOrder turns, int64_t n_blocks, int64_t resident) {
-  return turns == TurnOrder::up && 2 * n_blocks > resident;
-}
-
 }  // namespace flashattn::cuda

@@ -3,8 +3,8 @@
 // exactly those holding a row that sees one of its keys; the boundary steps' 32-bit mask
 // (core::MaskBand) agrees with MaskSpec; in the tiled workspace layout
 // (src/cuda/bwd_layout.h) every sequence's query tiles are consecutive, no two sequences share a
-// tile, and all tiles fit in tiles_per_head; the deterministic mode's turn orders and the portable
-// kernel's launch order keep every wait pointed at a CTA that runs.
+// tile, and all tiles fit in tiles_per_head; the deterministic mode's turn orders keep every wait
+// pointed at a CTA that runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -225,10 +225,8 @@ TEST(BackwardLayout, FixedLengthTilesArePacked) {
 }
 
 // The portable backward's turns (one CTA per key tile, `resident` CTAs at once): the same orders
-// without the Hopper kernels' d=128 exception; key tiles launched ascending except where the `up`
-// order's waits on higher key tiles could point at CTAs not yet running.
-TEST(BackwardLayout, PortableTurnsWaitOnlyForRunningCtas) {
-  using flashattn::cuda::portable_keys_descending;
+// without the Hopper kernels' d=128 exception.
+TEST(BackwardLayout, PortableTurnOrderKeepsAroundWithinTheGpu) {
   using flashattn::cuda::turn_order;
   using flashattn::cuda::TurnOrder;
   EXPECT_EQ(turn_order(-1, 0, 188, 376, 132), TurnOrder::up);
@@ -238,10 +236,6 @@ TEST(BackwardLayout, PortableTurnsWaitOnlyForRunningCtas) {
   EXPECT_EQ(turn_order(-1, -1, 67, 134, 264), TurnOrder::around);  // two CTAs per SM
   EXPECT_EQ(turn_order(-1, -1, 60, int64_t(1) << 27, 132), TurnOrder::down);
   EXPECT_EQ(turn_order(300, -1, 8, 8, 132), TurnOrder::down);
-  EXPECT_FALSE(portable_keys_descending(TurnOrder::up, 66, 132));
-  EXPECT_TRUE(portable_keys_descending(TurnOrder::up, 67, 132));
-  EXPECT_FALSE(portable_keys_descending(TurnOrder::around, 66, 132));
-  EXPECT_FALSE(portable_keys_descending(TurnOrder::down, 500, 132));
 }
 
 }  // namespace

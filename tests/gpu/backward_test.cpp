@@ -414,7 +414,7 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
 // repeat bitwise, and agree with the default mode to rounding. The same for the `around` order
 // (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of 128 at d=64, 132
 // SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once. On both
-// paths (the portable one launches one CTA per key tile, ascending but for `up` past that bound).
+// paths (the portable one launches one CTA per key tile, descending in the `up` order).
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
   struct Shape {
     int64_t d;

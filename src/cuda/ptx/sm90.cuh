@@ -36,9 +36,9 @@ __device__ __forceinline__ void thread_red_add_f32x4(float* gmem, float4 v) {
                : "memory");
 }
 
-// Turns between CTAs around bulk operations (the Hopper backward's ordered dQ reductions): as in
-// sm80.cuh, with the async proxy (bulk reductions this thread issues next) ordered after the wait,
-// and this thread's completed bulk operations covered by the pass.
+// Turns between CTAs on the Hopper path (its ordered dQ additions, bulk reductions at d <= 128): as
+// in sm80.cuh, with the async proxy (bulk reductions this thread issues next) ordered after the
+// wait, and this thread's completed bulk operations covered by the pass.
 __device__ __forceinline__ void thread_wait_turn_bulk(const int* turn, int value) {
   int seen;
   do {

@@ -104,10 +104,14 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
 
 // ---- 2. main ------------------------------------------------------------------------------------
 
-// The deterministic mode's turn order (bwd_layout.h) and the key tiles' launch order.
+// The deterministic mode's turn order (bwd_layout.h). Key tiles are launched (blockIdx order) so
+// that each waits only for key tiles started before it: descending in the `up` order, whose turns
+// go from the last key tile down (the order the Hopper path launches them in; on the H200 ascending
+// launches, longest first, measured 0.98-1.00 of this at d=128 and 1.00-1.13 slower at d=64 and 256
+// where all of a sequence's key tiles fit at once, bench/results/h200_portable_bwd_det_turns_2026-12-02.txt),
+// else ascending.
 struct BwdTurns {
   TurnOrder order = TurnOrder::down;
-  bool keys_descending = false;  // CTA x takes key tile gridDim.x - 1 - x
 };
 
 // A key tile's walk over its m_count query tiles (of each query head, relative to its first):
@@ -190,7 +194,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const int q_row_stride = int(p.heads_q * p.head_dim);
 
   const int64_t n_blocks = (sk + T::kBlockN - 1) / T::kBlockN;
-  const int64_t n = kDeterministic && turns.keys_descending ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
+  const int64_t n = kDeterministic && turns.order == TurnOrder::up ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
   if (n >= n_blocks) return;
   const int64_t key0 = n * T::kBlockN;
   const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);

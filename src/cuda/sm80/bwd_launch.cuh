@@ -44,8 +44,8 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   const int64_t n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const int64_t query_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   // Deterministic mode: the key tiles visiting a query tile take turns adding into it, in the order
-  // turn_order picks for this grid (bwd_layout.h says which and why); `resident` bounds which
-  // waits may point at CTAs launched after the waiting one.
+  // turn_order picks for this grid (bwd_layout.h says which and why); `around` only where a
+  // sequence's key tiles fit twice over in the CTAs the GPU holds at once.
   BwdWorkspace ws;
   ws.tiles_per_head = tiles_per_head(p, T::kBlockM);
   sm80::BwdTurns turns;
@@ -55,7 +55,6 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     const int64_t resident = int64_t(sms) * std::max(per_sm, 1);
     turns.order = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident);
-    turns.keys_descending = portable_keys_descending(turns.order, n_blocks, resident);
   }
   const int64_t rows = p.total_q * p.heads_q;
   const size_t accum_bytes = size_t(rows * p.head_dim) * 4;

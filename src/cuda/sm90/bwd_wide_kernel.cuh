@@ -93,11 +93,10 @@ __device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdC
     const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, P.sched.turns);
     for (int s = 0; s < ks.steps; ++s, phase ^= 1u) {
       int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + c;
-      const int value = ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), P.sched.turns);
-      ptx::thread_wait_turn(turn, value, ptx::thread_load_turn(turn));
+      ptx::thread_wait_turn_bulk(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), P.sched.turns));
       ptx::thread_mbarrier_arrive(bars.granted(c));
       ptx::thread_mbarrier_wait(bars.added(c), phase);
-      ptx::thread_pass_turn(turn);
+      ptx::thread_pass_turn_bulk(turn);
     }
   }
 }
