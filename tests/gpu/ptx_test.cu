@@ -75,11 +75,10 @@ __global__ void special_kernel(const float* x, float* e, float* th, float* qmax,
   qsum[lane] = ptx::quad_sum(x[lane]);
 }
 
-// Vector reduction (after an L2 prefetch of the same line): 64 threads add (i, 2i) into one of 4
-// float pairs each; small integers, so the sums are exact in any order.
+// Vector reduction: 64 threads add (i, 2i) into one of 4 float pairs each; small integers, so the
+// sums are exact in any order.
 __global__ void red_add_kernel(float* pairs) {
   const int i = int(threadIdx.x);
-  ptx::thread_prefetch_l2(pairs + 2 * (i % 4));  // a hint: must neither fault nor change values
   ptx::thread_red_add_f32x2(pairs + 2 * (i % 4), float(i), float(2 * i));
 }
 

@@ -146,11 +146,6 @@ __device__ __forceinline__ void thread_pass_turn(int* turn) {
   asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 }
 
-// Asks L2 to fetch the 128-byte line holding `a` (no registers, no effect on values; a hint).
-__device__ __forceinline__ void thread_prefetch_l2(const void* a) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
-}
-
 // ---- special functions -------------------------------------------------------------------------
 
 // 2^x on the special-function unit (ex2.approx: ~2 ulp; exp2(-inf) = 0, which the softmax relies on).

@@ -106,10 +106,10 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
 
 // The deterministic mode's turn order (bwd_layout.h). Key tiles are launched (blockIdx order) so
 // that each waits only for key tiles started before it: descending in the `up` order, whose turns
-// go from the last key tile down (the order the Hopper path launches them in; on the H200 ascending
-// launches, longest first, measured 0.98-1.00 of this at d=128 and 1.00-1.13 slower at d=64 and 256
-// where all of a sequence's key tiles fit at once, bench/results/h200_portable_bwd_det_turns_2026-12-02.txt),
-// else ascending.
+// go from the last key tile down, as on the Hopper path; else ascending. (Where all of a sequence's
+// key tiles fit on the GPU at once, ascending `up` launches, longest first, would be safe too: on
+// the H200 descending ran 1.00-1.13x their speed at d=64 and 256 and 0.98-1.00x at d=128,
+// bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 2.)
 struct BwdTurns {
   TurnOrder order = TurnOrder::down;
 };
