@@ -88,6 +88,9 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 //          steps lost a fifth of their instructions (2026-12-02, bench/results/
 //          h200_portable_bwd_lean_2026-12-02.txt): 4/2/2 188 / 209 | 137 / 143, 4/2/4 189 / 207 | 138
 //          / 150, 2/2/2 187 / 206 | 145 / 145, 4/4/4 176 / 197: 4/2/2 stays.
+// The deterministic figures above ran that mode's former per-CTA dQ slices; on turns (2026-12-02,
+// bench/results/h200_portable_bwd_det_turns_2026-12-02.txt) it runs at 0.86-0.95 of the default
+// in these layouts, which were not re-swept for it.
 // 128 query rows per step at d=64 (FlashAttention-2's 128 x 128 shape there; 2026-12-01, H200, the
 // same sweep, default | deterministic at 2k / 8k, non-causal then causal): 4/4/2 on 2 stages 198 /
 // 226 | 192 / 213, causal 148 / 207 | 141 / 191, against 64 rows 175 / 196 | 167 / 186, causal 132 /
