@@ -104,28 +104,19 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
 
 // ---- 2. main ------------------------------------------------------------------------------------
 
-// The deterministic mode's turn order (bwd_layout.h). Key tiles are launched (blockIdx order) so
-// that each waits only for key tiles started before it: descending in the `up` order, whose turns
-// go from the last key tile down, as on the Hopper path; else ascending. (Where all of a sequence's
-// key tiles fit on the GPU at once, ascending `up` launches, longest first, would be safe too: on
-// the H200 descending ran 1.00-1.13x their speed at d=64 and 256 and 0.98-1.00x at d=128,
-// bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 2.)
-struct BwdTurns {
-  TurnOrder order = TurnOrder::down;
-};
-
 // A key tile's walk over its m_count query tiles (of each query head, relative to its first):
 // upward by default; in deterministic mode in the turn order's direction: `down` from the last,
-// `up` from the first, `around` from the key tile's diagonal, wrapping round past the last.
+// `up` from the first, `around` from the key tile's diagonal, wrapping round past the last. (The
+// Hopper kernels' KeySteps walks the same orders over absolute tiles, heads innermost; each form is
+// the one its kernels spill least with.)
 template <bool kDeterministic>
 struct Walk {
   int m_count, first = 0, wrap;
   bool down = false;
-  __device__ __forceinline__ Walk(int count, int64_t n, int64_t n_tiles, const BwdTurns& turns)
-      : m_count(count), wrap(count) {
+  __device__ __forceinline__ Walk(int count, int64_t n, int64_t n_tiles, TurnOrder turns) : m_count(count), wrap(count) {
     if constexpr (kDeterministic) {
-      down = turns.order == TurnOrder::down;
-      if (turns.order == TurnOrder::around && count > 0) {
+      down = turns == TurnOrder::down;
+      if (turns == TurnOrder::around && count > 0) {
         first = core::around_first_query_tile(int(n), int(n_tiles), count);
         wrap = count - first;
       }
@@ -143,7 +134,7 @@ struct Walk {
 // the turns' registers and instructions.
 template <class T, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
-    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws, BwdTurns turns) {
+    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws, TurnOrder turns) {
   using E = typename T::Element;
   using Mma = ptx::Mma<E>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -194,7 +185,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const int q_row_stride = int(p.heads_q * p.head_dim);
 
   const int64_t n_blocks = (sk + T::kBlockN - 1) / T::kBlockN;
-  const int64_t n = kDeterministic && turns.order == TurnOrder::up ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
+  // Deterministic mode: key tiles are launched (blockIdx order) so that each waits only for key
+  // tiles started before it: descending in the `up` order, whose turns go from the last key tile
+  // down, as on the Hopper path; else ascending. (Where all of a sequence's key tiles fit on the
+  // GPU at once, ascending `up` launches, longest first, would be safe too: on the H200 descending
+  // ran 1.00-1.13x their speed at d=64 and 256 and 0.98-1.00x at d=128,
+  // bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 2.)
+  const int64_t n = kDeterministic && turns == TurnOrder::up ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
   if (n >= n_blocks) return;
   const int64_t key0 = n * T::kBlockN;
   const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
@@ -422,7 +419,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       }
       if constexpr (kDeterministic) {
         if (lane == 0)
-          ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns.order),
+          ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
                                 turn_seen);
         __syncwarp();
         passing = turn;

@@ -48,13 +48,13 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   // sequence's key tiles fit twice over in the CTAs the GPU holds at once.
   BwdWorkspace ws;
   ws.tiles_per_head = tiles_per_head(p, T::kBlockM);
-  sm80::BwdTurns turns;
+  TurnOrder turns = TurnOrder::down;
   if (p.deterministic) {
     int per_sm = 1;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     const int64_t resident = int64_t(sms) * std::max(per_sm, 1);
-    turns.order = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident);
+    turns = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident);
   }
   const int64_t rows = p.total_q * p.heads_q;
   const size_t accum_bytes = size_t(rows * p.head_dim) * 4;
