@@ -204,11 +204,20 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 // block_m (2 bytes each) + dq_buffers fp32 dQ tiles of block_m * d, <= 227 KB.
 //   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
 //          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
-//   d=128: block_m 64: 64 + 64 + 32 + 64 = 224 KB with two dQ buffers; registers 128 + 32 + 32
-//          (d=96 runs in these tiles, src/cuda/sm90/bwd_launch.cuh). block_m 128 would need
-//          128 + 64 + 64 accumulator registers, more than the 240 a consumer has. Three Q/dO
-//          stages with one dQ buffer (the same 224 KB) measured 0.97-1.01 of this
-//          (bench/results/h200_hopper_bwd_stages3_2026-12-02.txt).
+//   d=128: block_m 80 (FlashAttention-3's non-causal shape): 64 + 80 + 40 + 40 = 224 KB with one
+//          dQ buffer; registers 128 + 40 + 40 (d=96 runs in these tiles, src/cuda/sm90/
+//          bwd_launch.cuh). wgmma's M is a multiple of 64, so dQ is computed transposed (dQ^T =
+//          K^T dS^T, dS stored [query][key]), and dV, dK complete before dQ starts (with both in
+//          flight ptxas serialized every wgmma for want of registers). Against the former block_m
+//          64 with two dQ buffers (H200, bf16, 16k tokens, hidden 2048, bench/ab_compare.py, B/A at
+//          2k / 4k / 8k / 16k, bench/results/h200_hopper_bwd_m80_2026-12-02.txt): non-causal 0.996 /
+//          1.005 / 1.007 / 1.021, again 1.013 / 1.013 / 1.010 / 1.024 (deterministic 1.039 at 2k,
+//          1.051 at 8k); causal 0.986 / 1.013 / 1.021 / 1.033, again 0.979 / 0.994 / 1.028 / 1.033
+//          (deterministic 1.000, 1.024), where the same comparison of two identical block_m 64
+//          kernels read 0.987 / 1.000 / 0.987 / 0.982. So 80 rows with and without a mask.
+//          block_m 128 would need 128 + 64 + 64 accumulator registers, more than the 240 a
+//          consumer has. Earlier, at block_m 64, three Q/dO stages with one dQ buffer measured
+//          0.97-1.01 of two with two (bench/results/h200_hopper_bwd_stages3_2026-12-02.txt).
 //   d=256: src/cuda/sm90/bwd_wide_kernel.cuh, 64 keys and 64 query rows per step: dK + dV of 64 keys
 //          would be 256 registers per thread of one warpgroup, so the warpgroups split the head dim
 //          (128 columns each: 64 + 64 accumulator registers) and share S^T, dP^T through shared
@@ -230,7 +239,7 @@ struct HopperBwdTile {
 
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
   if (head_dim <= 64) return {128, 2, 1};
-  if (head_dim <= 128) return {64, 2, 2};
+  if (head_dim <= 128) return {80, 2, 1};
   return {64, 2, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
 }
 

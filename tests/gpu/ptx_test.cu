@@ -142,6 +142,32 @@ __global__ void turn_kernel(int* turn, int* log, int* ran, bool bulk) {
 // Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
 // warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
 // stray arrive or wait would leave barrier 2 unbalanced or hang).
+// stmatrix .trans: lane L holds (row L/4, cols 2(L%4), 2(L%4)+1) of each of four 8x8 matrices of
+// a 16x16 tile of indices (matrix j = row block j & 1, column block j >> 1); the stored tile must
+// be its transpose. Rows are padded to 24 elements, so the row addresses are not one stride.
+__global__ void stmatrix_trans_kernel(uint16_t* out, int* ran) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ __align__(16) uint16_t tile[16 * 24];
+  const int lane = int(threadIdx.x), g = lane / 4, t = lane % 4;
+  for (int i = lane; i < 16 * 24; i += 32) tile[i] = 0xffff;
+  __syncwarp();
+  uint32_t r[4];
+  for (int j = 0; j < 4; ++j) {
+    const int row = 8 * (j & 1) + g, col = 8 * (j >> 1) + 2 * t;
+    r[j] = uint32_t(row * 16 + col) | (uint32_t(row * 16 + col + 1) << 16);
+  }
+  // Stored row (lane & 7) of matrix (lane >> 3) is source column 8 (j >> 1) + (lane & 7), and
+  // holds source rows 8 (j & 1) .. + 7.
+  const int j = lane >> 3, srow = 8 * (j >> 1) + (lane & 7), scol = 8 * (j & 1);
+  ptx::warp_stmatrix_x4_trans(r, &tile[srow * 24 + scol]);
+  __syncwarp();
+  for (int i = lane; i < 256; i += 32) out[i] = tile[(i / 16) * 24 + i % 16];
+  if (lane == 0) *ran = 1;
+#else
+  if (threadIdx.x == 0) *ran = 0;
+#endif
+}
+
 __global__ void named_barrier_if_kernel(int* out, int* ran) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ volatile int word;
@@ -408,6 +434,21 @@ TEST_F(Ptx, RedAddF32x2SumsEveryThread) {
     EXPECT_EQ(got[2 * pair + 1], base[2 * pair + 1] + 2.f * sum) << pair;
   }
   cudaFree(d);
+}
+
+TEST_F(Ptx, StmatrixTransStoresTheTransposeOnHopper) {
+  uint16_t* d_out = nullptr;
+  int* ran = nullptr;
+  FA_CUDA_OK(cudaMalloc(&d_out, 256 * 2));
+  FA_CUDA_OK(cudaMalloc(&ran, 4));
+  stmatrix_trans_kernel<<<1, 32>>>(d_out, ran);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  if (!to_host(ran, 1)[0]) GTEST_SKIP() << "stmatrix needs sm90";
+  auto got = to_host(d_out, 256);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) EXPECT_EQ(got[r * 16 + c], c * 16 + r) << r << "," << c;
+  cudaFree(d_out);
+  cudaFree(ran);
 }
 
 TEST_F(Ptx, PredicatedNamedBarriersOnHopper) {

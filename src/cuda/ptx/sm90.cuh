@@ -1,5 +1,5 @@
 // Our typed layer over the sm90 (Hopper) PTX: the bulk async copy engine (reduce-add, TMA tensor
-// loads), mbarriers, wgmma (descriptors, fences, groups), setmaxnreg and named barriers. Names say
+// loads), mbarriers, wgmma (descriptors, fences, groups), stmatrix, setmaxnreg and named barriers. Names say
 // who runs them: thread_* per thread, warp_* all 32 lanes of a warp, warpgroup_* all 128 threads of
 // a warpgroup (4 consecutive warps starting at a multiple of 4). The wgmma instructions themselves
 // (one per N) are generated into wgmma.cuh. tests/gpu/ptx_test.cu checks each wrapper on the GPU.
@@ -191,6 +191,19 @@ template <int N>
 __device__ __forceinline__ void thread_pin(uint32_t (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// ---- stmatrix: registers in mma fragment layout -> shared -----------------------------------
+
+// Four 8x8 b16 matrices, each stored transposed: register j holds matrix j in the accumulator
+// layout (lane L: row L/4, elements 2(L%4) and 2(L%4)+1), and lane L passes the address of stored
+// row (L & 7) of matrix (L >> 3), i.e. of the matrix's column L & 7 (8 contiguous b16, 16 bytes).
+// The backward writes dS^T accumulators as dS rows this way.
+__device__ __forceinline__ void warp_stmatrix_x4_trans(const uint32_t (&r)[4], void* smem_row) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 // ---- warp specialization --------------------------------------------------------------------

@@ -19,7 +19,9 @@
 //                                           layout is the A-fragment layout; dO, Q MN-major)
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
 //                                           MN-major; the two warpgroups split dQ's rows when
-//                                           kBlockM = 128, else its columns)
+//                                           kBlockM = 128, else its columns; with 80-row tiles,
+//                                           not a multiple of wgmma's M, dQ^T = K^T dS^T with dS
+//                                           stored [query][key])
 //     dQ leaves in "fragment order": float4 c of every thread's accumulators, then float4 c + 1,
 //     so a warp's shared-memory writes are 512 contiguous bytes (conflict-free) and the bulk
 //     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
@@ -89,7 +91,11 @@ struct BwdTraits {
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
   // dQ (kBlockM x d) between the two warpgroups: by rows when there are 128, else by columns.
   static constexpr bool kDqSplitRows = kBlockM == 128;
-  static constexpr int kDqN = kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  // A query tile that is not a multiple of wgmma's M = 64 (80 rows) takes dQ^T = K^T dS^T instead:
+  // M = the warpgroup's 64 head-dim columns, N = the tile's query rows; dS is then stored
+  // [query][key], the K-major B operand.
+  static constexpr bool kDqTransposed = kBlockM % 64 != 0;
+  static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barriers (0 is __syncthreads): dQ buffer full / empty (consumers + writer warp), then
@@ -105,7 +111,9 @@ struct BwdTraits {
   static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kDqBuffers * kDqBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK, dV accumulators: d/2 + d/2 fp32 per thread");
-  static_assert(kBlockM == 64 || kBlockM == 128, "query tile (a boundary step's mask is one 64-bit set)");
+  static_assert(kBlockM == 64 || kBlockM == 80 || kBlockM == 128,
+                "query tile (a boundary step's mask is one 64-bit set)");
+  static_assert(!kDqTransposed || kHeadDim == 128, "dQ^T: one 64-column block per consumer warpgroup");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -448,6 +456,25 @@ __device__ __forceinline__ void warpgroup_issue_dq(float (&dq)[N / 2], uint64_t 
   ptx::warpgroup_commit();
 }
 
+// dQ^T = K^T dS^T for this warpgroup's 64 head-dim columns, one commit group: A = K MN-major (the
+// warpgroup's column block; 16 key rows, 2048 bytes, per k16), B = dS stored [query][key] K-major
+// (32 bytes inside a 128-byte row, then the next column block of keys).
+template <class T>
+__device__ __forceinline__ void warpgroup_issue_dq_t(float (&dq)[T::kBlockM / 2], uint64_t kmn_desc,
+                                                     uint64_t ds_desc) {
+  constexpr int BM = T::kBlockM;
+  ptx::thread_pin(dq);
+  ptx::warpgroup_fence();
+#pragma unroll
+  for (int k = 0; k < T::kBlockN / 16; ++k) {
+    const int cb = k / 4, kk = k % 4;
+    ptx::Wgmma<typename T::Element, BM>::template ss<0, 1>(dq, kmn_desc + uint64_t((k * 2048) >> 4),
+                                                           ds_desc + uint64_t((cb * BM * 128 + kk * 32) >> 4),
+                                                           k > 0 ? 1 : 0);
+  }
+  ptx::warpgroup_commit();
+}
+
 // Every consumer thread releases a Q/dO stage after its own reads of it (lse2 and delta too) and
 // once the products on it are done: an mbarrier arrive releases the arriving thread's own accesses
 // only, and the proxy fence orders those generic reads before the copy engine's next writes.
@@ -686,9 +713,22 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // by step: a warpgroup reaches this step's barrier only after its previous dQ product
         // completed, so the buffer written now is no longer read by anyone.
         unsigned char* sdSs = sdS + (it % 2) * T::kDsBytes;
+        if constexpr (T::kDqTransposed) {
+          // As dS, [query][key]: dsf[j] is the 8 x 8 block (keys 8 (j & 1), queries 8 (j >> 1)) of
+          // the warp's 16 keys in accumulator layout, stored transposed four blocks at a time; lane
+          // L addresses query row L & 7 of block 4 q + (L >> 3).
+          const int jb = lane >> 3;
 #pragma unroll
-        for (int j = 0; j < BM / 4; ++j)
-          *reinterpret_cast<uint32_t*>(sdSs + swizzled_offset<BN>(key_a + 8 * (j & 1), 8 * (j >> 1) + 2 * t)) = dsf[j];
+          for (int q = 0; q < BM / 16; ++q)
+            ptx::warp_stmatrix_x4_trans(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
+                                        sdSs + swizzled_offset<BM>(16 * q + 8 * (jb >> 1) + (lane & 7),
+                                                                   key_a - g + 8 * (jb & 1)));
+        } else {
+#pragma unroll
+          for (int j = 0; j < BM / 4; ++j)
+            *reinterpret_cast<uint32_t*>(sdSs + swizzled_offset<BN>(key_a + 8 * (j & 1), 8 * (j >> 1) + 2 * t)) =
+                dsf[j];
+        }
         ptx::thread_fence_proxy_async_smem();
 
         // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B.
@@ -709,15 +749,29 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
                                            q_mn + uint64_t((k * 2048) >> 4), 1);
         ptx::warpgroup_commit();
 
+        // With 80-row tiles, dV and dK (their P^T, dS^T fragments) complete before dQ starts: with
+        // both in flight the accumulators leave ptxas too few registers, and it serializes every
+        // wgmma of the kernel.
+        if constexpr (T::kDqTransposed) {
+          ptx::warpgroup_wait<0>();
+          ptx::thread_pin(dv);
+          ptx::thread_pin(dk);
+          thread_release_stage(ring, stage);
+        }
         ptx::thread_named_sync(T::kDsBarrier, 256);
         float dq[T::kDqN / 2];
-        warpgroup_issue_dq<T, T::kDqN>(dq, ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024), kmn_desc);
-        ptx::warpgroup_wait<1>();
-        ptx::thread_pin(dv);
-        ptx::thread_pin(dk);
-        ptx::thread_pin(pf);
-        ptx::thread_pin(dsf);
-        thread_release_stage(ring, stage);
+        if constexpr (T::kDqTransposed)
+          warpgroup_issue_dq_t<T>(dq, kmn_desc, ptx::make_smem_desc_sw128(sdSs, 16, 1024));
+        else
+          warpgroup_issue_dq<T, T::kDqN>(dq, ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024), kmn_desc);
+        if constexpr (!T::kDqTransposed) {
+          ptx::warpgroup_wait<1>();
+          ptx::thread_pin(dv);
+          ptx::thread_pin(dk);
+          ptx::thread_pin(pf);
+          ptx::thread_pin(dsf);
+          thread_release_stage(ring, stage);
+        }
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
         store_dq(dq, it);
@@ -729,58 +783,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     thread_store_dk_dv<E>(p, cta, key0, BN, key_a, 0, t, dk, dv);
   }
 #endif
-}
-
-// dq = the softmax scale times the fp32 dQ accumulator, un-permuted from fragment order: one CTA
-// of 256 threads per (query tile, head, batch). A thread's item is 8 columns of a pair of rows (r,
-// r + 8): the float4s c of the 4 threads t of one quad (g) of a warp, which lie side by side in
-// fragment order, so it reads 64 contiguous bytes and writes two 16-byte rows. Neighbouring
-// threads take neighbouring column chunks, so a warp writes whole rows (full sectors).
-// rows_16b: dq rows start on 16 bytes (else the row is written as 4-byte pairs).
-template <class T>
-__global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_constant__ core::BackwardParams p,
-                                                                  BwdWorkspace ws, bool rows_16b) {
-  using E = typename T::Element;
-  constexpr int BM = T::kBlockM, D = T::kHeadDim, kChunks = D / 8, kItems = BM / 2 * kChunks;
-  static_assert(kItems % 256 == 0, "whole passes of the CTA");
-  const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  int64_t q0, sq;
-  query_rows(p, b, &q0, &sq);
-  if (int64_t(m) * BM >= sq) return;
-  const float* acc = ws.dq_accum + (int64_t(h) * ws.tiles_per_head + tile_base(p, BM, b) + m) * BM * D;
-  E* dq = static_cast<E*>(p.dq);
-#pragma unroll
-  for (int pass = 0; pass < kItems / 256; ++pass) {
-    const int item = pass * 256 + int(threadIdx.x);
-    const int cc = item % kChunks, rp = item / kChunks;  // column chunk, row pair
-    // Row pair rp: warpgroup part (split rows), warp, quad g; chunk cc: part (split columns), c.
-    const int part = T::kDqSplitRows ? rp / 32 : cc / (T::kDqN / 8);
-    const int c = T::kDqSplitRows ? cc : cc % (T::kDqN / 8);
-    const int warp = (rp / 8) % 4, g = rp % 8;
-    const float* src = acc + ((c * 2 + part) * 128 + 32 * warp + 4 * g) * 4;
-    float4 f[4];
-#pragma unroll
-    for (int t = 0; t < 4; ++t) f[t] = *reinterpret_cast<const float4*>(src + 4 * t);
-    const int col = 8 * cc;
-    if (col >= p.head_dim) continue;
-    const int64_t r = int64_t(m) * BM + (T::kDqSplitRows ? 64 * part : 0) + 16 * warp + g;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (r + 8 * half >= sq) break;
-      uint32_t w[4];
-#pragma unroll
-      for (int t = 0; t < 4; ++t)
-        w[t] = half == 0 ? ptx::thread_pack2<E>(f[t].x * p.scale, f[t].y * p.scale)
-                         : ptx::thread_pack2<E>(f[t].z * p.scale, f[t].w * p.scale);
-      E* row = dq + p.dq_s.offset(b, q0 + r + 8 * half, h) + col;
-      if (rows_16b) {
-        *reinterpret_cast<uint4*>(row) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-#pragma unroll
-        for (int t = 0; t < 4; ++t) reinterpret_cast<uint32_t*>(row)[t] = w[t];
-      }
-    }
-  }
 }
 
 }  // namespace flashattn::cuda::sm90

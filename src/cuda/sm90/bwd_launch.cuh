@@ -9,6 +9,7 @@
 
 #include "cuda/backward.h"
 #include "cuda/common.cuh"
+#include "cuda/sm90/bwd_convert.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
 #include "cuda/sm90/bwd_wide_kernel.cuh"
 #include "cuda/sm90/tma.h"

@@ -50,6 +50,7 @@ struct WideBwdTraits {
   static constexpr int kDpBytes = kBlockN * kBlockM * 4;  // dP^T: fp32, fragment order
   // The dQ workspace as backward_convert_dq_kernel reads it: fragment order, split by columns.
   static constexpr bool kDqSplitRows = false;
+  static constexpr bool kDqTransposed = false;
   static constexpr int kDqN = kHalf;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
