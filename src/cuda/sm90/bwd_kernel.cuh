@@ -24,8 +24,8 @@
 //                                           stored [query][key])
 //     dQ leaves in "fragment order": float4 c of every thread's accumulators, then float4 c + 1,
 //     so a warp's shared-memory writes are 512 contiguous bytes (conflict-free) and the bulk
-//     reduce-add is one contiguous block; the convert kernel (below) knows the order and writes
-//     dq rows.
+//     reduce-add is one contiguous block; the convert kernel (bwd_convert.cuh) knows the order
+//     and writes dq rows.
 // dK and dV are written once per key tile, straight from the accumulators.
 // Determinism: one CTA per work tile; the writer adds a step's dQ tile only when the key tiles whose
 //     turn comes before this one's have added theirs, waits for its addition to complete and passes
