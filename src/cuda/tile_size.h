@@ -215,6 +215,7 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          1.051 at 8k); causal 0.986 / 1.013 / 1.021 / 1.033, again 0.979 / 0.994 / 1.028 / 1.033
 //          (deterministic 1.000, 1.024), where the same comparison of two identical block_m 64
 //          kernels read 0.987 / 1.000 / 0.987 / 0.982. So 80 rows with and without a mask.
+//          dQ^T in two m64n40 halves, the first under dV and dK, measured 0.967-0.996 of this.
 //          block_m 128 would need 128 + 64 + 64 accumulator registers, more than the 240 a
 //          consumer has. Earlier, at block_m 64, three Q/dO stages with one dQ buffer measured
 //          0.97-1.01 of two with two (bench/results/h200_hopper_bwd_stages3_2026-12-02.txt).
