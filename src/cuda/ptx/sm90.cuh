@@ -1,8 +1,9 @@
 // Our typed layer over the sm90 (Hopper) PTX: the bulk async copy engine (reduce-add, TMA tensor
-// loads), mbarriers, wgmma (descriptors, fences, groups), stmatrix, setmaxnreg and named barriers. Names say
-// who runs them: thread_* per thread, warp_* all 32 lanes of a warp, warpgroup_* all 128 threads of
-// a warpgroup (4 consecutive warps starting at a multiple of 4). The wgmma instructions themselves
-// (one per N) are generated into wgmma.cuh. tests/gpu/ptx_test.cu checks each wrapper on the GPU.
+// loads), mbarriers, wgmma (descriptors, fences, groups), stmatrix, setmaxnreg and named barriers.
+// Names say who runs them: thread_* per thread, warp_* all 32 lanes of a warp, warpgroup_* all 128
+// threads of a warpgroup (4 consecutive warps starting at a multiple of 4). The wgmma instructions
+// themselves (one per N) are generated into wgmma.cuh. tests/gpu/ptx_test.cu checks each wrapper on
+// the GPU.
 // Facts and sources: shared/design/kernel-primer.md section 2.
 #pragma once
 
@@ -38,7 +39,9 @@ __device__ __forceinline__ void thread_red_add_f32x4(float* gmem, float4 v) {
 
 // Turns between CTAs on the Hopper path (its ordered dQ additions, bulk reductions at d <= 128): as
 // in sm80.cuh, with the async proxy (bulk reductions this thread issues next) ordered after the
-// wait, and this thread's completed bulk operations covered by the pass.
+// wait, and this thread's completed bulk operations covered by the pass. The wait keeps its own
+// loop rather than calling sm80.cuh's thread_wait_turn: built on that, the Hopper kernels compiled
+// differently, and racecheck once reported hazards in the d = 256 ordered kernel (2026-12-02).
 __device__ __forceinline__ void thread_wait_turn_bulk(const int* turn, int value) {
   int seen;
   do {

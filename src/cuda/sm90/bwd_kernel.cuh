@@ -478,7 +478,11 @@ __device__ __forceinline__ void warpgroup_issue_dq_t(float (&dq)[T::kBlockM / 2]
 // Every consumer thread releases a Q/dO stage after its own reads of it (lse2 and delta too) and
 // once the products on it are done: an mbarrier arrive releases the arriving thread's own accesses
 // only, and the proxy fence orders those generic reads before the copy engine's next writes.
-__device__ __forceinline__ void thread_release_stage(const BwdRing& r, int stage) {
+// `regs`: the registers those products used (accumulators, A fragments), pinned here, after the
+// caller's warpgroup_wait, so that the compiler leaves them alone while the wgmmas ran.
+template <class... Regs>
+__device__ __forceinline__ void thread_release_stage(const BwdRing& r, int stage, Regs&... regs) {
+  (ptx::thread_pin(regs), ...);
   ptx::thread_fence_proxy_async_smem();
   ptx::thread_mbarrier_arrive(&r.qdo_empty[stage]);
 }
@@ -754,23 +758,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // wgmma of the kernel.
         if constexpr (T::kDqTransposed) {
           ptx::warpgroup_wait<0>();
-          ptx::thread_pin(dv);
-          ptx::thread_pin(dk);
-          thread_release_stage(ring, stage);
+          thread_release_stage(ring, stage, dv, dk, pf, dsf);
         }
         ptx::thread_named_sync(T::kDsBarrier, 256);
         float dq[T::kDqN / 2];
-        if constexpr (T::kDqTransposed)
+        if constexpr (T::kDqTransposed) {
           warpgroup_issue_dq_t<T>(dq, kmn_desc, ptx::make_smem_desc_sw128(sdSs, 16, 1024));
-        else
+        } else {
           warpgroup_issue_dq<T, T::kDqN>(dq, ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024), kmn_desc);
-        if constexpr (!T::kDqTransposed) {
-          ptx::warpgroup_wait<1>();
-          ptx::thread_pin(dv);
-          ptx::thread_pin(dk);
-          ptx::thread_pin(pf);
-          ptx::thread_pin(dsf);
-          thread_release_stage(ring, stage);
+          ptx::warpgroup_wait<1>();  // dV and dK
+          thread_release_stage(ring, stage, dv, dk, pf, dsf);
         }
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);

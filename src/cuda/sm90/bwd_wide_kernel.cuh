@@ -283,11 +283,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     // dQ after dV and dK completed: P^T and dS^T then leave the registers, and the 64 dQ
     // accumulators fit beside dK and dV.
     ptx::warpgroup_wait<0>();
-    ptx::thread_pin(dv);
-    ptx::thread_pin(dk);
-    ptx::thread_pin(pf);
-    ptx::thread_pin(dsf);
-    thread_release_stage(ring, stage);
+    thread_release_stage(ring, stage, dv, dk, pf, dsf);
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
     ptx::warpgroup_wait<0>();
@@ -326,9 +322,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     float dq[H / 2];
     warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
     ptx::warpgroup_wait<1>();
-    ptx::thread_pin(dv);
-    ptx::thread_pin(dk);
-    thread_release_stage(ring, stage);
+    thread_release_stage(ring, stage, dv, dk);
     ptx::warpgroup_wait<0>();
     add_dq(dq, at.tile);
   };
