@@ -1,6 +1,7 @@
 // Each wrapper of src/cuda/ptx/ (sm80.cuh, sm90.cuh, wgmma.cuh) against plain CUDA, host products
 // or the fragment layouts it documents.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <random>
@@ -73,6 +74,18 @@ __global__ void special_kernel(const float* x, float* e, float* th, float* qmax,
   th[lane] = ptx::thread_tanh(x[lane]);
   qmax[lane] = ptx::quad_max(x[lane]);
   qsum[lane] = ptx::quad_sum(x[lane]);
+}
+
+// pack2 then unpack2 (bf16 and fp16): each lane packs its pair and reads it back.
+__global__ void pack_unpack_kernel(const float* x, float* bf, float* hf) {
+  const int lane = threadIdx.x;
+  const float lo = x[2 * lane], hi = x[2 * lane + 1];
+  const float2 b = ptx::thread_unpack2<__nv_bfloat16>(ptx::thread_pack2<__nv_bfloat16>(lo, hi));
+  const float2 h = ptx::thread_unpack2<__half>(ptx::thread_pack2<__half>(lo, hi));
+  bf[2 * lane] = b.x;
+  bf[2 * lane + 1] = b.y;
+  hf[2 * lane] = h.x;
+  hf[2 * lane + 1] = h.y;
 }
 
 // Vector reduction: 64 threads add (i, 2i) into one of 4 float pairs each; small integers, so the
@@ -419,6 +432,32 @@ TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
   EXPECT_EQ(e[5], 0.f);  // exp2(-inf) = 0: what masked scores rely on
   cudaFree(dx);
   for (auto p : d) cudaFree(p);
+}
+
+// unpack2 inverts pack2: the low half is the first value, and each is the round-to-nearest-even
+// 16-bit value of its input, widened exactly (what the Hopper backward's dS = P (dP - D) reads).
+TEST_F(Ptx, PackThenUnpackRoundsToNearestEven) {
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[i] = (i % 2 ? -1.f : 1.f) * std::ldexp(1.f + 0.0123f * float(i), i % 9 - 4);
+  x[3] = 0.f;
+  x[4] = 1.f + 1.f / 256.f;  // a bf16 tie: rounds to even, 1
+  x[5] = -INFINITY;
+  float* dx = to_device(x);
+  float *dbf, *dhf;
+  FA_CUDA_OK(cudaMalloc(&dbf, 64 * 4));
+  FA_CUDA_OK(cudaMalloc(&dhf, 64 * 4));
+  pack_unpack_kernel<<<1, 32>>>(dx, dbf, dhf);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  auto bf = to_host(dbf, 64), hf = to_host(dhf, 64);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(bf[i], __bfloat162float(__float2bfloat16_rn(x[i]))) << i;
+    EXPECT_EQ(hf[i], __half2float(__float2half_rn(x[i]))) << i;
+  }
+  EXPECT_EQ(bf[4], 1.f);
+  EXPECT_EQ(bf[5], -INFINITY);
+  cudaFree(dx);
+  cudaFree(dbf);
+  cudaFree(dhf);
 }
 
 TEST_F(Ptx, RedAddF32x2SumsEveryThread) {

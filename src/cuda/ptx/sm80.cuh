@@ -181,6 +181,21 @@ __device__ __forceinline__ uint32_t thread_pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The inverse of thread_pack2: the two 16-bit values of `v` as floats (exact), low half in x.
+template <class Element>
+__device__ __forceinline__ float2 thread_unpack2(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 thread_unpack2<__nv_bfloat16>(uint32_t v) {
+  // A bfloat16 is the top half of the float it rounds, so widening is a shift or a mask.
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+template <>
+__device__ __forceinline__ float2 thread_unpack2<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
 // ---- quad reductions (the 4 lanes that share a fragment row) -------------------------------------
 
 __device__ __forceinline__ float quad_max(float x) {

@@ -95,6 +95,13 @@ struct BwdTraits {
   // M = the warpgroup's 64 head-dim columns, N = the tile's query rows; dS is then stored
   // [query][key], the K-major B operand.
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
+  // dV = P^T dO issued before dS is computed, so the dS arithmetic runs under it (without softcap,
+  // whose derivative needs tanh values there is no room for). Measured on the H200 against dV and
+  // dK issued together after dS (bench/ab_compare.py, bf16, 16k tokens, hidden 2048, B/A at 2k /
+  // 4k / 8k / 16k, bench/results/h200_hopper_bwd_early_dv_2026-12-02.txt): d=64 non-causal 1.015 /
+  // 1.010 / 1.010 / 1.008, causal 1.019 / 1.010 / 1.015 / 1.018; d=128 (80-row tiles, where dV and
+  // dK complete before dQ^T anyway) non-causal 0.99-1.006, causal 0.969-0.985, so not there.
+  static constexpr bool kEarlyDv = !kDqTransposed;
   static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -672,6 +679,17 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // Rows past the sequence have no lse2 / delta, so masked elements are selected to 0, never
         // multiplied.
         const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
+        const uint64_t do_mn = ptx::make_smem_desc_sw128(sdOs, BM * 128, 1024);
+        const uint64_t q_mn = ptx::make_smem_desc_sw128(sQs, BM * 128, 1024);
+        // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B. The caller pins,
+        // fences and commits.
+        auto issue_dkv = [&](float(&acc)[D / 2], uint32_t(&a)[BM / 4], uint64_t b_desc) {
+#pragma unroll
+          for (int k = 0; k < BM / 16; ++k)
+            ptx::Wgmma<E, D>::template rs<1>(acc, *reinterpret_cast<const uint32_t(*)[4]>(&a[4 * k]),
+                                             b_desc + uint64_t((k * 2048) >> 4), 1);
+        };
+        uint32_t pf[BM / 4], dsf[BM / 4];
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
@@ -684,34 +702,71 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
               st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -((i & 1) ? l.y : l.x)));
           }
         }
-        ptx::warpgroup_wait<0>();
-        ptx::thread_pin(dp);
+        if constexpr (T::kEarlyDv && !kSoftcap) {
+          // dV goes to the tensor cores before dS^T = P^T o (dP^T - delta) is computed, which then
+          // runs under it. dS takes P from its 16-bit fragments: P in fp32 beside them and dP^T left
+          // ptxas too few registers, and it serialized the wgmmas.
+          if (masked) {
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-          const float2 dl = delta[4 * j];
+            for (int i = 0; i < BM / 2; ++i)
+              if (!((vis >> i) & 1)) st[i] = 0.f;
+          }
 #pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            const float di = (i & 1) ? dl.y : dl.x;
-            if constexpr (kSoftcap) {
-              const float2 l = lse2[4 * j];
-              const float u = ptx::thread_tanh(st[i] * tanh_scale);
-              st[i] = ptx::thread_exp2(fmaf(u, c_log2, -((i & 1) ? l.y : l.x)));
-              dp[i] = st[i] * (dp[i] - di) * (1.f - u * u);
-            } else {
-              dp[i] = st[i] * (dp[i] - di);
+          for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+          ptx::thread_pin(pf);
+          ptx::thread_pin(dv);
+          ptx::warpgroup_fence();
+          issue_dkv(dv, pf, do_mn);
+          ptx::warpgroup_commit();
+          ptx::warpgroup_wait<1>();  // dP^T; dV stays in flight
+          ptx::thread_pin(dp);
+#pragma unroll
+          for (int j = 0; j < BM / 8; ++j) {
+            const float2 dl = delta[4 * j];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float2 pp = ptx::thread_unpack2<E>(pf[2 * j + h]);
+              dp[4 * j + 2 * h] = pp.x * (dp[4 * j + 2 * h] - dl.x);
+              dp[4 * j + 2 * h + 1] = pp.y * (dp[4 * j + 2 * h + 1] - dl.y);
             }
           }
-        }
-        if (masked) {
+          // Rows past the sequence read no delta: their dS is selected to 0, never multiplied.
+          if (masked) {
 #pragma unroll
-          for (int i = 0; i < BM / 2; ++i)
-            if (!((vis >> i) & 1)) st[i] = dp[i] = 0.f;
-        }
-        uint32_t pf[BM / 4], dsf[BM / 4];
+            for (int i = 0; i < BM / 2; ++i)
+              if (!((vis >> i) & 1)) dp[i] = 0.f;
+          }
 #pragma unroll
-        for (int j = 0; j < BM / 4; ++j) {
-          pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
-          dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
+          for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
+        } else {
+          ptx::warpgroup_wait<0>();
+          ptx::thread_pin(dp);
+#pragma unroll
+          for (int j = 0; j < BM / 8; ++j) {
+            const float2 dl = delta[4 * j];
+#pragma unroll
+            for (int i = 4 * j; i < 4 * j + 4; ++i) {
+              const float di = (i & 1) ? dl.y : dl.x;
+              if constexpr (kSoftcap) {
+                const float2 l = lse2[4 * j];
+                const float u = ptx::thread_tanh(st[i] * tanh_scale);
+                st[i] = ptx::thread_exp2(fmaf(u, c_log2, -((i & 1) ? l.y : l.x)));
+                dp[i] = st[i] * (dp[i] - di) * (1.f - u * u);
+              } else {
+                dp[i] = st[i] * (dp[i] - di);
+              }
+            }
+          }
+          if (masked) {
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i)
+              if (!((vis >> i) & 1)) st[i] = dp[i] = 0.f;
+          }
+#pragma unroll
+          for (int j = 0; j < BM / 4; ++j) {
+            pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+            dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
+          }
         }
         // dS^T to shared memory for dQ (both warpgroups' keys are needed there). Buffers alternate
         // by step: a warpgroup reaches this step's barrier only after its previous dQ product
@@ -735,22 +790,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         }
         ptx::thread_fence_proxy_async_smem();
 
-        // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B.
         ptx::thread_pin(pf);
         ptx::thread_pin(dsf);
         ptx::thread_pin(dv);
         ptx::thread_pin(dk);
         ptx::warpgroup_fence();
-        const uint64_t do_mn = ptx::make_smem_desc_sw128(sdOs, BM * 128, 1024);
-        const uint64_t q_mn = ptx::make_smem_desc_sw128(sQs, BM * 128, 1024);
-#pragma unroll
-        for (int k = 0; k < BM / 16; ++k)
-          ptx::Wgmma<E, D>::template rs<1>(dv, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * k]),
-                                           do_mn + uint64_t((k * 2048) >> 4), 1);
-#pragma unroll
-        for (int k = 0; k < BM / 16; ++k)
-          ptx::Wgmma<E, D>::template rs<1>(dk, *reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * k]),
-                                           q_mn + uint64_t((k * 2048) >> 4), 1);
+        if constexpr (!(T::kEarlyDv && !kSoftcap)) issue_dkv(dv, pf, do_mn);
+        issue_dkv(dk, dsf, q_mn);
         ptx::warpgroup_commit();
 
         // With 80-row tiles, dV and dK (their P^T, dS^T fragments) complete before dQ starts: with
