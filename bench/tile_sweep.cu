@@ -43,6 +43,11 @@ int main() {
   sweep::for_anchor_shapes(SWEEP_HDIM, {2048, 4096, 8192, 16384}, [](const fa::core::ForwardParams& pr, bool causal) {
 #if SWEEP_HDIM == 64
     time_variants<64, 4, 2, 2, false>(pr, causal);
+    time_config<64, 4, 2, 3, false>(pr, causal);
+    time_config<32, 4, 2, 2, false>(pr, causal);
+    time_config<32, 4, 2, 3, false>(pr, causal);
+    time_config<128, 4, 2, 2, false>(pr, causal);
+    time_config<64, 8, 1, 2, false>(pr, causal);
     time_config<64, 4, 2, 2, true>(pr, causal);
     time_config<64, 4, 2, 1, true>(pr, causal);
     time_config<64, 4, 1, 2, true>(pr, causal);

@@ -38,6 +38,10 @@ struct PortableFwdTile {
 //   the tile scheduler's longest-first order beat query tiles ascending under a causal mask by up
 //   to 15% at 16k (d=256 344 against 299) and was within 1-2% elsewhere; letting a warp skip a
 //   diagonal tile its rows cannot see was within 1% at d <= 128 and cost d=256 8-12% (registers).
+// Causal 2k at d=64 again (2026-12-02, bench/results/h200_portable_fwd_causal2k_2026-12-02.txt): the
+//   table's tile 257 TFLOP/s; 3 stages 254, block_n 32 209-212, block_n 128 249, 8 warps of one m-tile
+//   187. Persistent CTAs (one grid of resident CTAs walking the tiles, a tile's last step loading
+//   the next one's Q and first K/V tile) ran 0.88-1.01 of one CTA per tile at every head dim.
 // Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
 template <int kArch>
 constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
