@@ -233,7 +233,9 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
 TEST_F(GpuBackward, AwkwardSequenceLengths) {
   uint32_t seed = 100;
   const std::pair<int64_t, int64_t> lens[] = {{1, 1}, {17, 17}, {1, 150}, {150, 1}, {100, 230}, {230, 100}};
-  for (int64_t d : {128, 256})  // the two Hopper kernels (d=256 splits the head dim)
+  // The Hopper kernels' three step orders: d=64 issues dV before dS (rows past the sequence then
+  // meet the mask twice), d=128 runs 80-row tiles with dQ transposed, d=256 splits the head dim.
+  for (int64_t d : {64, 128, 256})
     for (auto [sq, sk] : lens)
       for (bool causal : {false, true}) {
         Case c;
