@@ -41,7 +41,7 @@ template <int BM>
 __device__ __forceinline__ int64_t query_tile_count(const core::MaskSpec& mask) { return (mask.seqlen_q + BM - 1) / BM; }
 
 // Ordered mode: key tile n's turn at query tile m (how many of the key tiles visiting m add before
-// it), in the order `turns` (bwd_layout.h; the walks that go with it: sm90/bwd_kernel.cuh's
+// it), in the order `turns` (bwd_layout.h; the walks that go with it: sm90/bwd_schedule.cuh's
 // KeySteps, sm80/bwd_kernel.cuh's Walk).
 template <int BM, int BN>
 __device__ __forceinline__ int ordered_turn(const core::MaskSpec& mask, int64_t n, int64_t m, TurnOrder turns) {

@@ -28,7 +28,7 @@ inline int64_t tiles_per_head(const core::AttnShape& p, int tile_m) {
   return p.cu_seqlens_q != nullptr ? p.total_q / tile_m + p.batch + 1 : p.batch * ((p.seqlen_q + tile_m - 1) / tile_m);
 }
 
-// The Hopper backward's deterministic mode (src/cuda/sm90/bwd_kernel.cuh, KeySteps): the key tiles
+// The Hopper backward's deterministic mode (src/cuda/sm90/bwd_schedule.cuh, KeySteps): the key tiles
 // that visit a dQ tile add into it one after another, and the order of their walks and turns
 // decides how long they wait:
 //   * `down`: key tiles ascending, each walking its query tiles down from the last, turns in

@@ -62,7 +62,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
   const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
-  // The schedule (bwd_kernel.cuh). Work tiles in index order: longest first under a right bound,
+  // The schedule (bwd_schedule.cuh). Work tiles in index order: longest first under a right bound,
   // heads in sections whose Q, dO (16-bit) and dQ accumulator (fp32) fill at most half the L2, so
   // the CTAs running at once share a few heads' query-side data.
   //   * default mode, d <= 128: a persistent grid, one CTA per SM, each drawing its next tile from

@@ -1,8 +1,9 @@
 // The Hopper backward for wide heads (d = 256), beside the d <= 128 kernel of bwd_kernel.cuh, whose
 // header describes what both share: one CTA per (key tile, KV head, batch) streaming the query
-// tiles of the GQA group, the producer warp and its ring (thread_load_cta), the softmax scale
-// folded into dK and dQ, and the fragment-order dQ workspace. The warpgroup steps both run are
-// there too: warpgroup_product_over_d, warpgroup_issue_dq, thread_release_stage, thread_store_dk_dv.
+// tiles of the GQA group, the producer warp and its ring (thread_load_cta in bwd_schedule.cuh),
+// the softmax scale folded into dK and dQ, and the fragment-order dQ workspace. The warpgroup
+// steps both run are in bwd_kernel.cuh too: warpgroup_product_over_d, warpgroup_issue_dq,
+// thread_release_stage, thread_store_dk_dv.
 //
 // At d = 256, dK and dV of 64 keys take 256 fp32 registers per thread of one warpgroup, more than a
 // consumer has. So the two consumer warpgroups split the head dim instead of the keys: the CTA
