@@ -44,6 +44,13 @@ inline int64_t tiles_per_head(const core::AttnShape& p, int tile_m) {
 //     d=256 212 / 243 / 262 / 274 against 164 / 198 / 213 / 249; d=64 281 / 344 / 380 / 409 against
 //     246 / 293 / 339 / 372 for the per-split dQ slices it replaced. So `up` for kernels of head dim
 //     other than 128 and, at 128, up to 64 key tiles per sequence.
+//     The d = 256 kernel (one CTA per key tile, grid (key tiles, KV heads, batch)) runs its grid's
+//     last (KV head, batch) pair `down` when there are several pairs, so that the launch ends with
+//     that pair's shortest key tiles instead of a longest one; the pair's key tiles wait only for
+//     its lower ones, launched before them. bench/det_order_sim.py puts the makespan at 1.013 /
+//     1.032 / 1.067 / 1.085 of the even share at 16k / 8k / 4k / 2k (all `up`: 1.069 / 1.081 /
+//     1.086 / 1.088); measured, deterministic causal d=256, B/A 1.011 / 1.023 / 1.030 / 1.036 at 2k
+//     / 4k / 8k / 16k (bench/results/h200_hopper_bwd_det_last_pair_2026-12-02.txt).
 //   * `around`, without a mask: each key tile starts at its diagonal, walks up and wraps round
 //     (core::around_turn), so in self-attention none ever waits. A key tile may wait for a higher
 //     one, launched after it: safe where a sequence's key tiles all fit on the GPU at once, since

@@ -248,14 +248,14 @@ __device__ __forceinline__ bool read_work_tile(const BwdParams& P, const BwdRing
 // The producer's loads of one work tile (one elected thread): TMA loads of K and V, and per query
 // step of Q and dO plus bulk copies of that tile's lse2 and delta rows (the tiled workspace layout
 // of src/cuda/bwd_layout.h), each stage refilled once every consumer thread released it. kt and
-// it count the K/V tiles and the steps loaded so far (ring phases).
+// it count the K/V tiles and the steps loaded so far (ring phases); `turns`, the walk's order.
 template <class T, bool kOrdered>
 __device__ __forceinline__ void thread_load_tile(const BwdParams& P, const BwdCta& c, const BwdRing& r, int64_t n,
-                                                 int& kt, int& it) {
+                                                 int& kt, int& it, TurnOrder turns) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN, S = T::kStages;
   const BwdWorkspace& ws = P.ws;
   const int tma_b = c.varlen ? 0 : c.b;
-  const auto ks = key_steps<BM, BN, kOrdered>(c.mask, n, c.group, P.sched.turns);
+  const auto ks = key_steps<BM, BN, kOrdered>(c.mask, n, c.group, turns);
   if (ks.steps == 0) return;
   const int key0 = int(c.k0 + n * BN);
   ptx::thread_mbarrier_wait(r.kv_empty, (uint32_t(kt) & 1u) ^ 1u);
@@ -297,19 +297,21 @@ __device__ __forceinline__ void thread_load_walk(const BwdParams& P, const BwdRi
     BwdTile tl;
     if (!tile_at<kOrdered>(P.sched, idx, &tl)) break;
     const BwdCta c = bwd_cta<T::kBlockM, T::kBlockN>(P.p, tl.hk, tl.b);
-    if (tl.n < c.n_blocks) thread_load_tile<T, kOrdered>(P, c, r, tl.n, kt, it);
+    if (tl.n < c.n_blocks) thread_load_tile<T, kOrdered>(P, c, r, tl.n, kt, it, P.sched.turns);
   }
 }
 
-// The producer of a CTA with one (KV head, batch entry) `c` from the grid: key tiles
-// grid_key_tile, + gridDim.x, ... (a kernel that never walks keeps this lighter loop: the walk's
-// extra live values in this thread changed the d = 256 kernel's register allocation).
+// The producer of a CTA with one (KV head, batch entry) `c` from the grid, on the CTA's schedule
+// `s`: key tiles grid_key_tile, + gridDim.x, ... (a kernel that never walks keeps this lighter
+// loop: the walk's extra live values in this thread changed the d = 256 kernel's register
+// allocation).
 template <class T, bool kOrdered>
-__device__ __forceinline__ void thread_load_cta(const BwdParams& P, const BwdCta& c, const BwdRing& r) {
+__device__ __forceinline__ void thread_load_cta(const BwdParams& P, const BwdSchedule& s, const BwdCta& c,
+                                                const BwdRing& r) {
   thread_prefetch_maps(P);
   int kt = 0, it = 0;
-  for (int64_t n = grid_key_tile<kOrdered>(P.sched); n < c.n_blocks; n += gridDim.x)
-    thread_load_tile<T, kOrdered>(P, c, r, n, kt, it);
+  for (int64_t n = grid_key_tile<kOrdered>(s); n < c.n_blocks; n += gridDim.x)
+    thread_load_tile<T, kOrdered>(P, c, r, n, kt, it, s.turns);
 }
 
 #endif

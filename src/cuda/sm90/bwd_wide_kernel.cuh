@@ -87,15 +87,16 @@ struct TurnBars {
 // threads arrived after their reductions, and pass the turn. Their mbarrier arrivals release
 // their reductions to this thread, and its gpu-scope release passes them on (cumulativity).
 template <class T>
-__device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdCta& cta, const TurnBars& bars, int c) {
+__device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdSchedule& sched, const BwdCta& cta,
+                                                  const TurnBars& bars, int c) {
   constexpr int BM = T::kBlockM, BN = T::kBlockN;
   const BwdWorkspace& ws = P.ws;
   uint32_t phase = 0;
-  for (int64_t n = grid_key_tile<true>(P.sched); n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, P.sched.turns);
+  for (int64_t n = grid_key_tile<true>(sched); n < cta.n_blocks; n += gridDim.x) {
+    const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, sched.turns);
     for (int s = 0; s < ks.steps; ++s, phase ^= 1u) {
       int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + c;
-      ptx::thread_wait_turn_bulk(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), P.sched.turns));
+      ptx::thread_wait_turn_bulk(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), sched.turns));
       ptx::thread_mbarrier_arrive(bars.granted(c));
       ptx::thread_mbarrier_wait(bars.added(c), phase);
       ptx::thread_pass_turn_bulk(turn);
@@ -134,13 +135,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   // in its step loop (spill loads there, compiled here) and 7-10% of its speed on the H200.
   const BwdCta cta = bwd_cta<BM, BN>(p, int(blockIdx.y), int(blockIdx.z));
   const core::MaskSpec& mask = cta.mask;
+  // Ordered mode in the `up` order, with more than one (KV head, batch) pair: the grid's last pair
+  // walks `down` instead, key tiles ascending, so that the launch ends with that pair's shortest
+  // key tiles rather than a longest one (bwd_layout.h). Its key tiles wait only for its lower ones,
+  // launched before them, so the grid still always finishes.
+  BwdSchedule sched = P.sched;
+  if constexpr (kOrdered)
+    if (sched.turns == TurnOrder::up && gridDim.y * gridDim.z > 1 && blockIdx.y == gridDim.y - 1 &&
+        blockIdx.z == gridDim.z - 1)
+      sched.turns = TurnOrder::down;
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_cta<T, kOrdered>(P, cta, ring);
+    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_cta<T, kOrdered>(P, sched, cta, ring);
     if constexpr (kOrdered) {
       const int warp = int(threadIdx.x) / 32;
-      if ((warp == 1 || warp == 2) && ptx::warp_elect_one()) thread_keep_turns<T>(P, cta, turn_bars, warp - 1);
+      if ((warp == 1 || warp == 2) && ptx::warp_elect_one())
+        thread_keep_turns<T>(P, sched, cta, turn_bars, warp - 1);
     }
     return;
   }
@@ -333,8 +344,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   // starts at blockIdx.x spelled out: through grid_key_tile, which returns the same, ptxas
   // allocated its registers otherwise and spilled 112 / 388 bytes against 68 / 100.)
   int kt = 0, it = 0;
-  for (int64_t n = kOrdered ? grid_key_tile<kOrdered>(P.sched) : blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, P.sched.turns);
+  for (int64_t n = kOrdered ? grid_key_tile<kOrdered>(sched) : blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
+    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, sched.turns);
     const int64_t key0 = n * BN;
     float dk[H / 2], dv[H / 2];
 #pragma unroll
