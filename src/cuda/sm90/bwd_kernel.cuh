@@ -3,7 +3,8 @@
 // A CTA works on one (key tile of kBlockN = 128 keys, KV head, batch) at a time, keeping K_j and V_j
 // in shared memory and dK_j, dV_j in registers, and streams the query tiles (kBlockM rows) of every
 // query head that shares the KV head, so GQA needs no reduction afterwards. In the default mode the
-// CTAs are persistent and draw their next work tile (BwdSchedule in bwd_schedule.cuh). Warp specialization:
+// CTAs are persistent and draw their next work tile (BwdSchedule, bwd_schedule.cuh). Warp
+// specialization:
 //   * producer warpgroup, warp 0: one elected thread issues TMA loads of K and V (once per key
 //     tile) and, per query step, of Q and dO plus bulk copies of that tile's lse2 and delta rows
 //     (the tiled workspace layout of src/cuda/bwd_layout.h) into a ring of stages on mbarriers;
@@ -51,7 +52,6 @@
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/bwd_schedule.cuh"
 #include "cuda/sm90/swizzle.cuh"
-#include "cuda/tile_scheduler.h"
 
 namespace flashattn::cuda::sm90 {
 
@@ -391,6 +391,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // Rows past the sequence have no lse2 / delta, so masked elements are selected to 0, never
         // multiplied.
         const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
+        // In a masked step, the elements of `xs` (accumulator arrays) that `vis` hides become 0.
+        auto zero_hidden = [&](auto&... xs) {
+          if (masked) {
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i)
+              if (!((vis >> i) & 1)) ((xs[i] = 0.f), ...);
+          }
+        };
         const uint64_t do_mn = ptx::make_smem_desc_sw128(sdOs, BM * 128, 1024);
         const uint64_t q_mn = ptx::make_smem_desc_sw128(sQs, BM * 128, 1024);
         // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B. The caller pins,
@@ -418,11 +426,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // dV goes to the tensor cores before dS^T = P^T o (dP^T - delta) is computed, which then
           // runs under it. dS takes P from its 16-bit fragments: P in fp32 beside them and dP^T left
           // ptxas too few registers, and it serialized the wgmmas.
-          if (masked) {
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i)
-              if (!((vis >> i) & 1)) st[i] = 0.f;
-          }
+          zero_hidden(st);
 #pragma unroll
           for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
           ptx::thread_pin(pf);
@@ -443,11 +447,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
             }
           }
           // Rows past the sequence read no delta: their dS is selected to 0, never multiplied.
-          if (masked) {
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i)
-              if (!((vis >> i) & 1)) dp[i] = 0.f;
-          }
+          zero_hidden(dp);
 #pragma unroll
           for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
         } else {
@@ -469,11 +469,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
               }
             }
           }
-          if (masked) {
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i)
-              if (!((vis >> i) & 1)) st[i] = dp[i] = 0.f;
-          }
+          zero_hidden(st, dp);
 #pragma unroll
           for (int j = 0; j < BM / 4; ++j) {
             pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);

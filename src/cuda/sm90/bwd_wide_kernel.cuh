@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     }
   __syncthreads();
 
-  // The grid is (key tiles, KV heads, batch) and this kernel reads no schedule: the tile walk of
+  // The grid is (key tiles, KV heads, batch) and this kernel decodes no tile index: the tile walk of
   // the d <= 128 kernel (persistent CTAs, tiles decoded from an index) cost this kernel registers
   // in its step loop (spill loads there, compiled here) and 7-10% of its speed on the H200.
   const BwdCta cta = bwd_cta<BM, BN>(p, int(blockIdx.y), int(blockIdx.z));
