@@ -152,9 +152,6 @@ __global__ void turn_kernel(int* turn, int* log, int* ran, bool bulk) {
 #endif
 }
 
-// Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
-// warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
-// stray arrive or wait would leave barrier 2 unbalanced or hang).
 // stmatrix .trans: lane L holds (row L/4, cols 2(L%4), 2(L%4)+1) of each of four 8x8 matrices of
 // a 16x16 tile of indices (matrix j = row block j & 1, column block j >> 1); the stored tile must
 // be its transpose. Rows are padded to 24 elements, so the row addresses are not one stride.
@@ -181,6 +178,9 @@ __global__ void stmatrix_trans_kernel(uint16_t* out, int* ran) {
 #endif
 }
 
+// Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
+// warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
+// stray arrive or wait would leave barrier 2 unbalanced or hang).
 __global__ void named_barrier_if_kernel(int* out, int* ran) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ volatile int word;
