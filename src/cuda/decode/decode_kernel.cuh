@@ -536,7 +536,10 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       }
       __syncthreads();  // the mbarriers are initialized and the padding blocks zeroed
       for (int h = 0; h < min(T::kSlots, halves); ++h) issue(h);
-      ptx::thread_cp_async_wait<0>();  // Q, issued first, has long landed: publish it to every warp
+      // Q, issued first, has long landed: its copies close one group (a wait counts committed
+      // groups only), then the barrier publishes it to every warp.
+      ptx::thread_cp_async_commit();
+      ptx::thread_cp_async_wait<0>();
       __syncthreads();
       auto acquire = [&](int h) {
         const int slot = h % T::kSlots;
@@ -725,16 +728,19 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   const int quads = int(p.head_dim / 4);
   const int64_t o_stride = part_stride * p.head_dim;
   // Staged: every split's lse block and o rows land in shared memory (free again: the ring and the
-  // reduction are done) through cp.async from short loops, then each (row, 4 columns) item merges
-  // from there. The merge code is the last this CTA runs and the first time any SM runs it, so
-  // its length, not the loads (one round trip), is what it costs: keep it small. Up to 52 splits
-  // fit at d = 128 with 4 rows (GQA 4, one token); beyond what fits, the loads go straight to
-  // registers (merge_row.cuh), in batches.
-  const int64_t staged_floats = int64_t(L.splits) * (rows_valid * p.head_dim + T::kBlockM);
+  // reduction are done) through cp.async from short loops. Then one warp per row turns the row's
+  // lse into the splits' weights (warp_merge_weights, the merge_states rules), and each (row, 4
+  // columns) item sums its weighted partials: independent loads and FMAs, where a merge of one
+  // row per thread was a chain of dependent steps per split (H200, b=1 kv=8k: 3.7 us at 16 splits,
+  // 6.4 us at 32, the tail of the step). Up to 32 splits fit at d = 128 with 4 rows (GQA 4, one
+  // token); beyond what fits, the loads go straight to registers (merge_row.cuh), in batches.
+  const int64_t staged_floats = int64_t(L.splits) * (rows_valid * (p.head_dim + 1) + T::kBlockM) + 2 * T::kBlockM;
   if (staged_floats <= T::kStageBytes / 4) {
-    float* s_lse = reinterpret_cast<float*>(smem);  // [split][kBlockM]
-    float* s_o = s_lse + L.splits * T::kBlockM;         // [split][rows_valid][head_dim]
     const int o_part = rows_valid * int(p.head_dim);
+    float* s_lse = reinterpret_cast<float*>(smem);  // [split][kBlockM]
+    float* s_o = s_lse + L.splits * T::kBlockM;     // [split][rows_valid][head_dim]
+    float* s_w = s_o + L.splits * o_part;           // [rows_valid][split]: the weights
+    float* s_fin = s_w + L.splits * rows_valid;     // [row]: out_scale, lse
     constexpr int kLseChunks = T::kBlockM / 4;
 #pragma unroll 1
     for (int i = tid; i < L.splits * kLseChunks; i += T::kThreads) {
@@ -751,19 +757,36 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     ptx::thread_cp_async_commit();
     ptx::thread_cp_async_wait<0>();
     __syncthreads();
+    for (int row = warp; row < rows_valid; row += T::kWarps) {
+      float* w_row = s_w + row * L.splits;
+      const core::MergeState<float> ms = warp_merge_weights(
+          L.splits, [&](int sp) { return s_lse[sp * T::kBlockM + row]; }, [&](int sp, float w) { w_row[sp] = w; });
+      if (lane == 0) {
+        s_fin[2 * row] = ms.out_scale();
+        s_fin[2 * row + 1] = ms.lse();
+      }
+    }
+    __syncthreads();
     for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
       const int row = i / quads, col = 4 * (i % quads);
-      const auto lse_of = [&](int sp) { return s_lse[sp * T::kBlockM + row]; };
-      const auto load_o = [&](int sp, float (&v)[4]) {
-        const float4 x = *reinterpret_cast<const float4*>(s_o + sp * o_part + row * int(p.head_dim) + col);
-        v[0] = x.x;
-        v[1] = x.y;
-        v[2] = x.z;
-        v[3] = x.w;
-      };
-      float o[4];
-      const float lse = merge_row_serial<4>(L.splits, lse_of, load_o, o);
-      store_out(row_id(row), col, o, lse);
+      const float* w_row = s_w + row * L.splits;
+      const float* o_col = s_o + row * int(p.head_dim) + col;
+      float o[4] = {0.f, 0.f, 0.f, 0.f};
+      // Every load is made (the staged values exist); a part of weight 0 adds exactly 0, even
+      // where its o holds NaN.
+#pragma unroll 4
+      for (int sp = 0; sp < L.splits; ++sp) {
+        const float w = w_row[sp];
+        const float4 x = *reinterpret_cast<const float4*>(o_col + sp * o_part);
+        o[0] += w != 0.f ? w * x.x : 0.f;
+        o[1] += w != 0.f ? w * x.y : 0.f;
+        o[2] += w != 0.f ? w * x.z : 0.f;
+        o[3] += w != 0.f ? w * x.w : 0.f;
+      }
+      const float scale = s_fin[2 * row];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] *= scale;
+      store_out(row_id(row), col, o, s_fin[2 * row + 1]);
     }
     return;
   }

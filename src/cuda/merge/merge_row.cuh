@@ -82,30 +82,24 @@ __device__ __forceinline__ float merge_row(int64_t parts, const LseOf& lse_of, c
   return ms.lse();
 }
 
-// The same merge one part at a time (the same weights, in the same order), for parts already in
-// shared memory, where there is no load latency to hide: the smallest code, which is what counts
-// where the merge runs once per launch from a cold instruction cache (the decode combine).
-template <int kCols, class LseOf, class LoadO>
-__device__ __forceinline__ float merge_row_serial(int parts, const LseOf& lse_of, const LoadO& load_o,
-                                                  float (&acc)[kCols]) {
+// The weights of one row's parts, computed by a warp (lane l takes parts l, l + 32, ...) under
+// the same MergeState rules as merge_row, its max and sum reduced across the lanes. For parts
+// already in shared memory, where a one-thread-per-row merge would be a chain of `parts`
+// dependent steps (the decode combine: the tail of every split-KV step). store_w(i, w) receives
+// part i's unnormalized weight: 0 means skip the part, NaN makes the row NaN. Returns the state
+// whose out_scale() and lse() finish the row, bitwise the same in every lane (xor butterflies).
+template <class LseOf, class StoreW>
+__device__ __forceinline__ core::MergeState<float> warp_merge_weights(int parts, const LseOf& lse_of,
+                                                                      const StoreW& store_w) {
+  const int lane = int(threadIdx.x & 31);
   core::MergeState<float> ms;
+  for (int i = lane; i < parts; i += 32) ms.see(lse_of(i));
 #pragma unroll
-  for (int v = 0; v < kCols; ++v) acc[v] = 0.f;
-#pragma unroll 1
-  for (int i = 0; i < parts; ++i) ms.see(lse_of(i));
-#pragma unroll 1
-  for (int i = 0; i < parts; ++i) {
-    const float w = ms.add_weight(lse_of(i));
-    if (w == 0.f) continue;
-    float o[kCols];
-    load_o(i, o);
+  for (int off = 16; off > 0; off >>= 1) ms.see(__shfl_xor_sync(0xffffffffu, ms.max_lse, off));
+  for (int i = lane; i < parts; i += 32) store_w(i, ms.add_weight(lse_of(i)));
 #pragma unroll
-    for (int v = 0; v < kCols; ++v) acc[v] += w * o[v];
-  }
-  const float scale = ms.out_scale();
-#pragma unroll
-  for (int v = 0; v < kCols; ++v) acc[v] *= scale;
-  return ms.lse();
+  for (int off = 16; off > 0; off >>= 1) ms.sum += __shfl_xor_sync(0xffffffffu, ms.sum, off);
+  return ms;
 }
 
 }  // namespace flashattn::cuda
