@@ -728,12 +728,13 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   const int quads = int(p.head_dim / 4);
   const int64_t o_stride = part_stride * p.head_dim;
   // Staged: every split's lse block and o rows land in shared memory (free again: the ring and the
-  // reduction are done) through cp.async from short loops. Then one warp per row turns the row's
-  // lse into the splits' weights (warp_merge_weights, the merge_states rules), and each (row, 4
-  // columns) item sums its weighted partials: independent loads and FMAs, where a merge of one
-  // row per thread was a chain of dependent steps per split (H200, b=1 kv=8k: 3.7 us at 16 splits,
-  // 6.4 us at 32, the tail of the step). Up to 32 splits fit at d = 128 with 4 rows (GQA 4, one
-  // token); beyond what fits, the loads go straight to registers (merge_row.cuh), in batches.
+  // reduction are done) through cp.async from short loops, in two groups. Once the lse group has
+  // landed, one warp per row turns the row's lse into the splits' weights (warp_merge_weights, the
+  // merge_states rules) while the o rows are still in flight; then each (row, 4 columns) item sums
+  // its weighted partials: independent loads and FMAs, where a merge of one row per thread was a
+  // chain of dependent steps per split (H200, b=1 kv=8k: 3.7 us at 16 splits, 6.4 us at 32, the
+  // tail of the step). Up to 32 splits fit at d = 128 with 4 rows (GQA 4, one token); beyond what
+  // fits, the loads go straight to registers (merge_row.cuh), in batches.
   const int64_t staged_floats = int64_t(L.splits) * (rows_valid * (p.head_dim + 1) + T::kBlockM) + 2 * T::kBlockM;
   if (staged_floats <= T::kStageBytes / 4) {
     const int o_part = rows_valid * int(p.head_dim);
@@ -747,6 +748,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       const int sp = i / kLseChunks, c = 4 * (i % kLseChunks);
       ptx::thread_cp_async_16(s_lse + sp * T::kBlockM + c, L.part_lse + sp * lse_step + lse_base + c, true);
     }
+    ptx::thread_cp_async_commit();
     for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
       const int row = i / quads, col = 4 * (i % quads);
       const float* src = L.part_o + part_row(0, row_id(row)) * p.head_dim + col;
@@ -755,7 +757,8 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       for (int sp = 0; sp < L.splits; ++sp) ptx::thread_cp_async_16(dst + sp * o_part, src + sp * o_stride, true);
     }
     ptx::thread_cp_async_commit();
-    ptx::thread_cp_async_wait<0>();
+    // The weights need only the lse group: they are worked out while the partial o still land.
+    ptx::thread_cp_async_wait<1>();
     __syncthreads();
     for (int row = warp; row < rows_valid; row += T::kWarps) {
       float* w_row = s_w + row * L.splits;
@@ -766,6 +769,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
         s_fin[2 * row + 1] = ms.lse();
       }
     }
+    ptx::thread_cp_async_wait<0>();
     __syncthreads();
     for (int i = tid; i < rows_valid * quads; i += T::kThreads) {
       const int row = i / quads, col = 4 * (i % quads);
