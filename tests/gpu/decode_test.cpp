@@ -324,8 +324,9 @@ TEST_F(GpuDecode, HeadDimsAndDtypes) {
 }
 
 // Split counts 1..64 (and the automatic choice) all meet the rule and agree within rounding of
-// the output dtype: only the order of fp32 additions differs. Paged and contiguous caches; 16
-// splits merge in one pass of the combine (merge_row.cuh), 64 in two.
+// the output dtype: only the order of fp32 additions differs. Paged and contiguous caches; with
+// these 8 rows per CTA, up to 16 splits the combine stages the partials in shared memory and
+// weighs them (decode_kernel.cuh), 64 take merge_row.cuh's batches from global memory.
 TEST_F(GpuDecode, SplitCountsAgree) {
   for (int64_t page : {16, 0}) {
     Case c;
