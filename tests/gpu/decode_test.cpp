@@ -326,7 +326,7 @@ TEST_F(GpuDecode, HeadDimsAndDtypes) {
 // Split counts 1..64 (and the automatic choice) all meet the rule and agree within rounding of
 // the output dtype: only the order of fp32 additions differs. Paged and contiguous caches; with
 // these 8 rows per CTA, up to 16 splits the combine stages the partials in shared memory and
-// weighs them (decode_kernel.cuh), 64 take merge_row.cuh's batches from global memory.
+// weighs them (decode_combine.cuh), 64 take merge_row.cuh's batches from global memory.
 TEST_F(GpuDecode, SplitCountsAgree) {
   for (int64_t page : {16, 0}) {
     Case c;

@@ -88,7 +88,7 @@ struct WorkspaceLayout {
   explicit WorkspaceLayout(const core::DecodeParams& p, int32_t splits) {
     const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
     arrivals_bytes = align256(p.batch * p.heads_kv * row_tiles(p) * 4);
-    // lse: [split, batch, heads_kv, row tile, rows per CTA] (decode_kernel.cuh), o: [split, batch, token, head, d].
+    // lse: [split, batch, heads_kv, row tile, rows per CTA] (decode_combine.cuh), o: [split, batch, token, head, d].
     lse_bytes = align256(int64_t(splits) * p.batch * p.heads_kv * row_tiles(p) *
                          decode_rows_per_cta(p.heads_q / p.heads_kv * p.seqlen_new) * 4);
     o_bytes = align256(rows * p.head_dim * 4);

@@ -1,5 +1,5 @@
 // The merge of one output row's partial states, shared by the merge_states kernel (merge.cu) and
-// the decode kernel's in-kernel combine (decode_kernel.cuh), so both follow the same rules:
+// the decode kernel's in-kernel combine (decode_combine.cuh), so both follow the same rules:
 //   * weights from core::MergeState, two passes over the parts' lse (max first: nothing overflows);
 //   * a part of weight 0 is skipped: an empty part's o may hold anything, NaN included;
 //   * a NaN weight is kept and makes the row NaN: a part with lse = +inf (how the decode kernel
