@@ -36,7 +36,7 @@ __device__ __forceinline__ void block_combine_splits(const DecodeLaunch& L, unsi
   // landed, one warp per row turns the row's lse into the splits' weights (warp_merge_weights, the
   // merge_states rules) while the o rows are still in flight; then each (row, 4 columns) item sums
   // its weighted partials: independent loads and FMAs, where a merge of one row per thread was a
-  // chain of dependent steps per split (H200, b=1 kv=8k: 3.7 us at 16 splits, 6.4 us at 32, the
+  // chain of dependent steps per split (H200, b=1 kv=8k: 3.7 us at 16 splits, 6.5 us at 32, the
   // tail of the step). Up to 32 splits fit at d = 128 with 4 rows (GQA 4, one token); beyond what
   // fits, the loads go straight to registers (merge_row.cuh), in batches.
   const int64_t staged_floats = int64_t(L.splits) * (rows_valid * (p.head_dim + 1) + T::kBlockM) + 2 * T::kBlockM;
