@@ -16,9 +16,9 @@ template <int kChunks>
 struct Swizzle {
   static_assert(kChunks % 4 == 0, "head dim must be a multiple of 32");
   static constexpr int kMask = kChunks % 8 == 0 ? 7 : 3;
-  __device__ __forceinline__ static int row_bits(int row) { return kMask == 7 ? (row & 7) : ((row >> 1) & 3); }
+  __host__ __device__ __forceinline__ static int row_bits(int row) { return kMask == 7 ? (row & 7) : ((row >> 1) & 3); }
   // Element offset of (row, chunk).
-  __device__ __forceinline__ static int offset(int row, int chunk) {
+  __host__ __device__ __forceinline__ static int offset(int row, int chunk) {
     return row * kChunks * 8 + ((chunk & ~kMask) | ((chunk & kMask) ^ row_bits(row))) * 8;
   }
 };
@@ -32,8 +32,8 @@ template <int kChunks>
 struct LaneRows {
   using Sw = Swizzle<kChunks>;
   int base, x;
-  __device__ __forceinline__ LaneRows(int row, int bit) : base(row * kChunks * 8), x(Sw::row_bits(row) ^ bit) {}
-  __device__ __forceinline__ int at(int row_hi, int chunk) const {
+  __host__ __device__ __forceinline__ LaneRows(int row, int bit) : base(row * kChunks * 8), x(Sw::row_bits(row) ^ bit) {}
+  __host__ __device__ __forceinline__ int at(int row_hi, int chunk) const {
     return base + row_hi * kChunks * 8 + ((chunk & ~Sw::kMask) | ((chunk & Sw::kMask) ^ x)) * 8;
   }
 };
