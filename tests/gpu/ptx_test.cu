@@ -1,5 +1,6 @@
 // Each wrapper of src/cuda/ptx/ (sm80.cuh, sm90.cuh, wgmma.cuh) against plain CUDA, host products
-// or the fragment layouts it documents.
+// or the fragment layouts it documents; and the portable kernels' ldmatrix address plan
+// (sm80/smem_tile.cuh) against the swizzle it shortcuts.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
