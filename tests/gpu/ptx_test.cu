@@ -1,6 +1,5 @@
 // Each wrapper of src/cuda/ptx/ (sm80.cuh, sm90.cuh, wgmma.cuh) against plain CUDA, host products
-// or the fragment layouts it documents; and the portable kernels' ldmatrix address plan
-// (sm80/smem_tile.cuh) against the swizzle it shortcuts.
+// or the fragment layouts it documents.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,7 +10,6 @@
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/ptx/wgmma.cuh"
-#include "cuda/sm80/smem_tile.cuh"
 #include "cuda/sm90/tma.h"
 #include "gpu_util.h"
 
@@ -646,30 +644,6 @@ TEST_F(Ptx, WgmmaTransposedAAndBulkLoadOnHopper) {
   cudaFree(dc);
   cudaFree(dvo);
   cudaFree(ran);
-}
-
-// LaneRows' address of a constant (row_hi, chunk) step, a lane base plus a constant plus one XOR,
-// equals the swizzle itself for every lane row and chunk bit: host code, so it runs without a GPU.
-template <int kChunks>
-void expect_lane_rows_match_swizzle() {
-  using Sw = flashattn::cuda::sm80::Swizzle<kChunks>;
-  for (int row = 0; row < 64; ++row)
-    for (int bit = 0; bit < 2; ++bit) {
-      const flashattn::cuda::sm80::LaneRows<kChunks> lane(row, bit);
-      for (int row_hi = 0; row_hi < 64; row_hi += 8)
-        for (int chunk = 0; chunk < kChunks; chunk += 2)
-          ASSERT_EQ(lane.at(row_hi, chunk), Sw::offset(row + row_hi, chunk + bit))
-              << "chunks " << kChunks << " row " << row << " bit " << bit << " row_hi " << row_hi << " chunk " << chunk;
-    }
-}
-
-TEST(SmemTile, LaneRowsMatchTheSwizzle) {
-  expect_lane_rows_match_swizzle<4>();   // d = 32
-  expect_lane_rows_match_swizzle<8>();   // d = 64
-  expect_lane_rows_match_swizzle<12>();  // d = 96
-  expect_lane_rows_match_swizzle<16>();  // d = 128
-  expect_lane_rows_match_swizzle<24>();  // d = 192
-  expect_lane_rows_match_swizzle<32>();  // d = 256
 }
 
 }  // namespace
