@@ -108,6 +108,7 @@ struct PortableBwdTile {
   int row_warps_q;
   int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
   int block_m = 64;  // query rows per step
+  bool staged_dq = false;  // dQ added from shared memory in whole rows (sm80::BwdTraits::kStagedDq)
 };
 
 template <int kArch>
@@ -118,8 +119,8 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
     if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1, 128};  // measured best; dK+dV 64 regs; 32 + 64 + 64 = 160 KB
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
-    if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1};  // measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB
-    return {64, 8, 2, 4, 2, 2, 1};  // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs
+    if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1, 64, true};  // measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB
+    return {64, 8, 2, 4, 2, 2, 1, 64, true};  // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns

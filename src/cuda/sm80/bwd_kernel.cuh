@@ -44,7 +44,7 @@
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, bool kStagedDq_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -64,6 +64,10 @@ struct BwdTraits {
   static constexpr int kTilesS = kRowsS / 16, kTilesKV = kRowsKV / 16, kTilesQ = kRowsQ / 16;  // m16 tiles
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kChunksP = kBlockM / 8;
+  // dQ through shared memory (the step's Q/dO stage, the same bytes as a kBlockM x kHeadDim fp32
+  // tile), each warp reading back whole rows of its kColsQ columns for 16-byte reductions: where
+  // those rows are 128 or 256 bytes (16-byte chunks a power of two, a whole swizzle period or more).
+  static constexpr bool kStagedDq = kStagedDq_ && (kColsQ == 32 || kColsQ == 64);
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
@@ -417,6 +421,50 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           }
         }
       }
+      if constexpr (T::kStagedDq) {
+        // Every warp is past phase 2, so the stage's Q and dO may take the dQ tile: each warp its
+        // own kRowsQ x kColsQ fp32 block, 16-byte chunks XOR-swizzled with row % 8 (the fragment
+        // stores and the row reads both conflict-free); the next step's load into this stage
+        // follows the next step's first barrier.
+        __syncthreads();
+        float* staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
+#pragma unroll
+        for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int j = 0; j < T::kColsQ / 8; ++j) {
+              const int row = 16 * i + 8 * rr + g, chunk = 2 * j + (t >> 1);
+              *reinterpret_cast<float2*>(staged + row * T::kColsQ + ((chunk ^ (row & 7)) << 2) + 2 * (t & 1)) =
+                  make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+            }
+        __syncwarp();
+        if constexpr (kDeterministic) {
+          if (lane == 0)
+            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
+                                  turn_seen);
+          __syncwarp();
+          passing = turn;
+        }
+        constexpr int kLanesPerRow = T::kColsQ / 4, kRowsPerPass = 32 / kLanesPerRow;
+        const int c = lane % kLanesPerRow, r0 = lane / kLanesPerRow;
+        const int warp_row0 = T::kRowsQ * warp_mq;
+        float* dq_warp = dq_rows + int64_t(warp_row0) * q_row_stride + 8 * d_chunk_q + 4 * c;
+        const bool col_ok = 4 * c < 8 * q_cols_valid;
+        auto add_rows = [&](auto guarded) {
+#pragma unroll
+          for (int k = 0; k < T::kRowsQ / kRowsPerPass; ++k) {
+            const int row = k * kRowsPerPass + r0;
+            const float4 v = *reinterpret_cast<const float4*>(staged + row * T::kColsQ + ((c ^ (row & 7)) << 2));
+            if (!decltype(guarded)::value || (col_ok && (!kMasked || warp_row0 + row < rows)))
+              ptx::thread_red_add_f32x4(dq_warp + row * q_row_stride, v);
+          }
+        };
+        if (!kMasked && q_cols_valid >= T::kColsQ / 8)
+          add_rows(std::false_type{});
+        else
+          add_rows(std::true_type{});
+      } else {
       if constexpr (kDeterministic) {
         if (lane == 0)
           ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
@@ -460,6 +508,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
               ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
             }
           }
+      }
       }
     }
   };
