@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         if (lane == 0) turn_seen = ptx::thread_load_turn(turn);
       }
       float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
-      float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
+      [[maybe_unused]] float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
       // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
       auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
 #pragma unroll
@@ -423,8 +423,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       }
       if constexpr (T::kStagedDq) {
         // Every warp is past phase 2, so the stage's Q and dO may take the dQ tile: each warp its
-        // own kRowsQ x kColsQ fp32 block, 16-byte chunks XOR-swizzled with row % 8 (the fragment
-        // stores and the row reads both conflict-free); the next step's load into this stage
+        // own kRowsQ x kColsQ fp32 block (StagedRows); the next step's load into this stage
         // follows the next step's first barrier.
         __syncthreads();
         float* staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
@@ -434,8 +433,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
             for (int j = 0; j < T::kColsQ / 8; ++j) {
-              const int row = 16 * i + 8 * rr + g, chunk = 2 * j + (t >> 1);
-              *reinterpret_cast<float2*>(staged + row * T::kColsQ + ((chunk ^ (row & 7)) << 2) + 2 * (t & 1)) =
+              *reinterpret_cast<float2*>(staged + StagedRows<T::kColsQ>::offset(16 * i + 8 * rr + g, 8 * j + 2 * t)) =
                   make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
             }
         __syncwarp();
@@ -455,7 +453,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #pragma unroll
           for (int k = 0; k < T::kRowsQ / kRowsPerPass; ++k) {
             const int row = k * kRowsPerPass + r0;
-            const float4 v = *reinterpret_cast<const float4*>(staged + row * T::kColsQ + ((c ^ (row & 7)) << 2));
+            const float4 v = *reinterpret_cast<const float4*>(staged + StagedRows<T::kColsQ>::offset(row, 4 * c));
             if (!decltype(guarded)::value || (col_ok && (!kMasked || warp_row0 + row < rows)))
               ptx::thread_red_add_f32x4(dq_warp + row * q_row_stride, v);
           }

@@ -38,6 +38,18 @@ struct LaneRows {
   }
 };
 
+// A warp's fp32 block of kCols columns staged in shared memory (the backward's dQ): rows of kCols
+// floats, 16-byte chunks XOR-swizzled with row % 8, so that the 8 rows of an mma C fragment's
+// stores and the whole rows read back both spread over every bank. Float offset of (row, col);
+// four columns from a multiple of 4 stay contiguous.
+template <int kCols>
+struct StagedRows {
+  static_assert(kCols == 32 || kCols == 64, "rows of 128 or 256 bytes: a whole swizzle period or two");
+  __host__ __device__ __forceinline__ static int offset(int row, int col) {
+    return row * kCols + ((((col >> 2) ^ (row & 7))) << 2) + (col & 3);
+  }
+};
+
 // All threads: copy rows [0, kRows) x chunks of a global tile into shared memory; rows past
 // `rows_valid` and chunks past `chunks_valid` (head dims below the kernel's) are zero-filled, so
 // they add 0 to every dot product and nothing is read past the tensor. Each thread keeps one chunk
