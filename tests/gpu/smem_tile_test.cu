@@ -67,6 +67,28 @@ void expect_staged_rows_spread() {
   }
 }
 
+// StagedRows' lane plans (a per-lane base plus a constant) give offset() for every lane and step.
+template <int kCols>
+void expect_staged_lane_plans_match() {
+  using S = flashattn::cuda::sm80::StagedRows<kCols>;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const typename S::FragmentStores stores(g, t);
+    for (int row8 = 0; row8 < 64; row8 += 8)
+      for (int j = 0; j < kCols / 8; ++j)
+        ASSERT_EQ(stores.at(row8, j), S::offset(row8 + g, 8 * j + 2 * t)) << "lane " << lane << " row8 " << row8 << " j " << j;
+    const typename S::RowReads reads(lane);
+    for (int k = 0; k < 64 / S::kRowsPerPass; ++k)
+      ASSERT_EQ(reads.at(k), S::offset(k * S::kRowsPerPass + lane / S::kLanesPerRow, 4 * (lane % S::kLanesPerRow)))
+          << "lane " << lane << " pass " << k;
+  }
+}
+
+TEST(SmemTile, StagedRowsLanePlansMatchTheLayout) {
+  expect_staged_lane_plans_match<32>();
+  expect_staged_lane_plans_match<64>();
+}
+
 TEST(SmemTile, StagedRowsPermuteAndSpreadBanks) {
   expect_staged_rows_spread<32>();  // d = 128: 4 warps along the head dim
   expect_staged_rows_spread<64>();  // d = 256

@@ -40,11 +40,12 @@
 #include "cuda/bwd_common.cuh"
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/sm80/smem_tile.cuh"
+#include "cuda/tile_size.h"
 
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, bool kStagedDq_ = false>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, StagedDq kStagedDq_ = StagedDq::never>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -67,7 +68,10 @@ struct BwdTraits {
   // dQ through shared memory (the step's Q/dO stage, the same bytes as a kBlockM x kHeadDim fp32
   // tile), each warp reading back whole rows of its kColsQ columns for 16-byte reductions: where
   // those rows are 128 or 256 bytes (16-byte chunks a power of two, a whole swizzle period or more).
-  static constexpr bool kStagedDq = kStagedDq_ && (kColsQ == 32 || kColsQ == 64);
+  // (tile_size.h says in which mode, and why.)
+  template <bool kDeterministic>
+  static constexpr bool kStagedDq = (kStagedDq_ == StagedDq::always || (kDeterministic && kStagedDq_ == StagedDq::deterministic)) &&
+                                    (kColsQ == 32 || kColsQ == 64);
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
@@ -421,21 +425,22 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           }
         }
       }
-      if constexpr (T::kStagedDq) {
+      if constexpr (T::template kStagedDq<kDeterministic>) {
         // Every warp is past phase 2, so the stage's Q and dO may take the dQ tile: each warp its
         // own kRowsQ x kColsQ fp32 block (StagedRows); the next step's load into this stage
         // follows the next step's first barrier.
         __syncthreads();
+        using Staged = StagedRows<T::kColsQ>;
         float* staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
+        const typename Staged::FragmentStores stores(g, t);
 #pragma unroll
         for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-            for (int j = 0; j < T::kColsQ / 8; ++j) {
-              *reinterpret_cast<float2*>(staged + StagedRows<T::kColsQ>::offset(16 * i + 8 * rr + g, 8 * j + 2 * t)) =
+            for (int j = 0; j < T::kColsQ / 8; ++j)
+              *reinterpret_cast<float2*>(staged + stores.at(16 * i + 8 * rr, j)) =
                   make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
-            }
         __syncwarp();
         if constexpr (kDeterministic) {
           if (lane == 0)
@@ -444,18 +449,21 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           __syncwarp();
           passing = turn;
         }
-        constexpr int kLanesPerRow = T::kColsQ / 4, kRowsPerPass = 32 / kLanesPerRow;
-        const int c = lane % kLanesPerRow, r0 = lane / kLanesPerRow;
-        const int warp_row0 = T::kRowsQ * warp_mq;
-        float* dq_warp = dq_rows + int64_t(warp_row0) * q_row_stride + 8 * d_chunk_q + 4 * c;
-        const bool col_ok = 4 * c < 8 * q_cols_valid;
+        // One running pointer down the lane's rows (a pointer per row would be hoisted out of the
+        // step loop and hold 32 registers).
+        const typename Staged::RowReads reads(lane);
+        const int r0 = lane / Staged::kLanesPerRow, c4 = 4 * (lane % Staged::kLanesPerRow);
+        const int row0 = T::kRowsQ * warp_mq + r0;
+        const bool col_ok = c4 < 8 * q_cols_valid;
+        const int pass_stride = Staged::kRowsPerPass * q_row_stride;
         auto add_rows = [&](auto guarded) {
+          float* dst = dq_rows + int64_t(row0) * q_row_stride + 8 * d_chunk_q + c4;
 #pragma unroll
-          for (int k = 0; k < T::kRowsQ / kRowsPerPass; ++k) {
-            const int row = k * kRowsPerPass + r0;
-            const float4 v = *reinterpret_cast<const float4*>(staged + StagedRows<T::kColsQ>::offset(row, 4 * c));
-            if (!decltype(guarded)::value || (col_ok && (!kMasked || warp_row0 + row < rows)))
-              ptx::thread_red_add_f32x4(dq_warp + row * q_row_stride, v);
+          for (int k = 0; k < T::kRowsQ / Staged::kRowsPerPass; ++k) {
+            const float4 v = *reinterpret_cast<const float4*>(staged + reads.at(k));
+            if (!decltype(guarded)::value || (col_ok && (!kMasked || row0 + k * Staged::kRowsPerPass < rows)))
+              ptx::thread_red_add_f32x4(dst, v);
+            dst += pass_stride;
           }
         };
         if (!kMasked && q_cols_valid >= T::kColsQ / 8)
