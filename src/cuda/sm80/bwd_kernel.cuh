@@ -45,7 +45,7 @@
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, StagedDq kStagedDq_ = StagedDq::never>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, uint8_t kStagedDq_ = 0>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -69,9 +69,9 @@ struct BwdTraits {
   // tile), each warp reading back whole rows of its kColsQ columns for 16-byte reductions: where
   // those rows are 128 or 256 bytes (16-byte chunks a power of two, a whole swizzle period or more).
   // (tile_size.h says in which mode, and why.)
-  template <bool kDeterministic>
-  static constexpr bool kStagedDq = (kStagedDq_ == StagedDq::always || (kDeterministic && kStagedDq_ == StagedDq::deterministic)) &&
-                                    (kColsQ == 32 || kColsQ == 64);
+  template <bool kDeterministic, bool kSoftcap>
+  static constexpr bool kStagedDq =
+      (kStagedDq_ & StagedDq::bit(kDeterministic, kSoftcap)) != 0 && (kColsQ == 32 || kColsQ == 64);
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           }
         }
       }
-      if constexpr (T::template kStagedDq<kDeterministic>) {
+      if constexpr (T::template kStagedDq<kDeterministic, kSoftcap>) {
         // Every warp is past phase 2, so the stage's Q and dO may take the dQ tile: each warp its
         // own kRowsQ x kColsQ fp32 block (StagedRows); the next step's load into this stage
         // follows the next step's first barrier.
