@@ -12,7 +12,9 @@
 //      of dS is applied once to dK when it is written and to dQ by the convert kernel;
 //   3. convert: dq = scale * dq_accum in the input dtype.
 // dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
-// vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs.
+// vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs;
+// or, in the variants tile_size.h names (StagedDq), each warp first stages its block in the step's
+// Q/dO stage, behind a third barrier, and adds whole rows of it (red.global.add.v4.f32).
 // In deterministic mode the key tiles visiting a query tile take turns (a counter per dQ tile in
 // the workspace, as on the Hopper path): each warp adds its part once the counter shows this key
 // tile's turn (ordered_turn), and thread 0 passes the turn at the next step's middle barrier, by
@@ -388,8 +390,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     }
 
     // Phase 3: dQ += dS K for this warp's kRowsQ query rows x kColsQ columns, added to fp32
-    // global memory straight from the accumulators with relaxed atomics: no staging, so no
-    // barrier. In deterministic mode each warp adds once this key tile's turn has come.
+    // global memory with relaxed atomics, from the accumulators (no barrier) or staged in shared
+    // memory (kStagedDq). In deterministic mode each warp adds once this key tile's turn has come.
     {
       // Deterministic mode: this step's turn counter, read once now, while the MMAs run.
       [[maybe_unused]] int* turn = nullptr;
