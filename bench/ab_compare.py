@@ -11,6 +11,7 @@ A's (they compute the same function, so they agree within rounding).
   python3 bench/ab_compare.py --lib-a base/libflashattn.so --lib-b build/libflashattn.so --d 64 --causal 1
   python3 bench/ab_compare.py ... --modes bwd   # the backward (default mode) instead
   python3 bench/ab_compare.py ... --modes bwd --deterministic   # the backward's deterministic mode
+  python3 bench/ab_compare.py ... --softcap 30   # both sides with a logit soft-cap
 """
 import argparse
 import ctypes as C
@@ -33,7 +34,7 @@ def median_ms(fn):
 class Problem:
     """One shape's tensors and the argument structs both libraries are called with."""
 
-    def __init__(self, b, s, h, d, causal, deterministic=False):
+    def __init__(self, b, s, h, d, causal, deterministic=False, softcap=0.0):
         self.q, self.k, self.v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         self.out = torch.empty_like(self.q)
         self.lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
@@ -46,6 +47,7 @@ class Problem:
         self.fwd.lse = view(self.lse, F32)
         self.fwd.options.causal = causal
         self.fwd.options.window_left = self.fwd.options.window_right = -1
+        self.fwd.options.softcap = softcap
         self.fwd.options.stream = torch.cuda.current_stream().cuda_stream
         self.bwd = BackwardArgs()
         self.bwd.struct_size = C.sizeof(BackwardArgs)
@@ -78,17 +80,20 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--deterministic", action="store_true", help="both sides' backward in deterministic mode "
                    "(cuDNN's column stays its default backward)")
+    p.add_argument("--softcap", type=float, default=0.0, help="both sides with this logit soft-cap "
+                   "(cuDNN's column stays without)")
     p.add_argument("--json")
     a = p.parse_args()
     libs = {"A": load(a.lib_a), "B": load(a.lib_b)}
     rows = []
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
-    print(f"A = {a.lib_a}\nB = {a.lib_b}" + ("\nbackward: deterministic mode" if a.deterministic else ""))
+    print(f"A = {a.lib_a}\nB = {a.lib_b}" + ("\nbackward: deterministic mode" if a.deterministic else "")
+          + (f"\nsoftcap {a.softcap}" if a.softcap else ""))
     print(f"{'mode':>4} {'d':>4} {'causal':>6} {'s':>6} | {'A':>6} {'B':>6} {'cudnn':>6} | {'B/A':>5} {'A/cud':>5} "
           f"{'B/cud':>5} | A rounds / B rounds (TFLOP/s)")
     for mode in a.modes.split(","):
         for d, causal, s, b, h in shapes(a):
-            prob = Problem(b, s, h, d, causal, a.deterministic)
+            prob = Problem(b, s, h, d, causal, a.deterministic, a.softcap)
             work = flops(b, h, s, d, causal, mode)
             fwd = {k: runner(lib, prob, "fwd") for k, lib in libs.items()}
             run = fwd if mode == "fwd" else {k: runner(lib, prob, mode) for k, lib in libs.items()}

@@ -11,6 +11,8 @@
 // costs less than spilling.
 #pragma once
 
+#include <cstdint>
+
 namespace flashattn::cuda {
 
 struct PortableFwdTile {
@@ -99,6 +101,21 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 // same sweep, default | deterministic at 2k / 8k, non-causal then causal): 4/4/2 on 2 stages 198 /
 // 226 | 192 / 213, causal 148 / 207 | 141 / 191, against 64 rows 175 / 196 | 167 / 186, causal 132 /
 // 181; one stage 191 / 219; 8/4/4 192 / 214.
+// Which of the portable backward kernel's four variants (default or deterministic mode, with or
+// without softcap) add dQ from shared memory in whole rows (sm80::BwdTraits::kStagedDq: a third
+// barrier per step, then half the reductions, each over whole 128-byte lines) instead of from the
+// MMA accumulators: a mask of these bits. H200, bench/ab_compare.py, staged against accumulators
+// (bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt, 2k / 8k): deterministic mode 1.06-1.08x
+// at d=128 and 1.03x at d=256, where each warp's additions wait for its turn (staged, the wait comes
+// after the stores and the burst after it is half as long); default mode 1.00x at d=256 (1.02x with
+// softcap) but 0.99x at d=128. Deterministic with softcap at d=256 spills 220 bytes staged: 0.84x.
+struct StagedDq {
+  static constexpr uint8_t kDefault = 1, kDefaultSoftcap = 2, kDeterministic = 4, kDeterministicSoftcap = 8;
+  static constexpr uint8_t bit(bool deterministic, bool softcap) {
+    return uint8_t(1u << (2 * int(deterministic) + int(softcap)));
+  }
+};
+
 struct PortableBwdTile {
   int block_n;
   int warps;
@@ -108,6 +125,7 @@ struct PortableBwdTile {
   int row_warps_q;
   int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
   int block_m = 64;  // query rows per step
+  uint8_t staged_dq = 0;  // StagedDq bits
 };
 
 template <int kArch>
@@ -118,8 +136,11 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
     if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1, 128};  // measured best; dK+dV 64 regs; 32 + 64 + 64 = 160 KB
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
-    if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1};  // measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB
-    return {64, 8, 2, 4, 2, 2, 1};  // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs
+    // d=128 measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB.
+    if (head_dim <= 128)
+      return {128, 8, 2, 4, 4, 2, 1, 64, StagedDq::kDeterministic | StagedDq::kDeterministicSoftcap};
+    // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs.
+    return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic};
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns

@@ -121,6 +121,21 @@ __device__ __forceinline__ void thread_red_add_f32x2(float* a, float x, float y)
 #endif
 }
 
+// gmem[0..3] += v (16-byte aligned, global memory) as relaxed, gpu-scope atomics: one vector
+// reduction on sm90+ (red.global.add.v4.f32), four atomicAdd elsewhere. Two reductions of one
+// thread to one address apply in program order.
+__device__ __forceinline__ void thread_red_add_f32x4(float* gmem, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(gmem, v.x);
+  atomicAdd(gmem + 1, v.y);
+  atomicAdd(gmem + 2, v.z);
+  atomicAdd(gmem + 3, v.w);
+#endif
+}
+
 // ---- turns between CTAs (the deterministic backward's ordered dQ additions) ------------------
 
 // One read of a turn counter, an acquire at gpu scope (issued early, its latency hides under

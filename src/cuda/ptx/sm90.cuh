@@ -29,14 +29,6 @@ __device__ __forceinline__ void thread_bulk_reduce_add_f32(float* gmem, const fl
                : "memory");
 }
 
-// Adds the four floats of v to gmem[0..3] (16-byte aligned, global memory) as one relaxed,
-// gpu-scope vector reduction (sm90); two reductions of one thread to one address apply in
-// program order.
-__device__ __forceinline__ void thread_red_add_f32x4(float* gmem, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-}
-
 // Turns between CTAs on the Hopper path (its ordered dQ additions, bulk reductions at d <= 128): as
 // in sm80.cuh, with the async proxy (bulk reductions this thread issues next) ordered after the
 // wait, and this thread's completed bulk operations covered by the pass. The wait keeps its own

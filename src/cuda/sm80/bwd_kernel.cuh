@@ -12,7 +12,9 @@
 //      of dS is applied once to dK when it is written and to dQ by the convert kernel;
 //   3. convert: dq = scale * dq_accum in the input dtype.
 // dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
-// vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs.
+// vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs;
+// or, in the variants tile_size.h names (StagedDq), each warp first stages its block in the step's
+// Q/dO stage, behind a third barrier, and adds whole rows of it (red.global.add.v4.f32).
 // In deterministic mode the key tiles visiting a query tile take turns (a counter per dQ tile in
 // the workspace, as on the Hopper path): each warp adds its part once the counter shows this key
 // tile's turn (ordered_turn), and thread 0 passes the turn at the next step's middle barrier, by
@@ -40,11 +42,12 @@
 #include "cuda/bwd_common.cuh"
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/sm80/smem_tile.cuh"
+#include "cuda/tile_size.h"
 
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, uint8_t kStagedDq_ = 0>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -64,6 +67,13 @@ struct BwdTraits {
   static constexpr int kTilesS = kRowsS / 16, kTilesKV = kRowsKV / 16, kTilesQ = kRowsQ / 16;  // m16 tiles
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kChunksP = kBlockM / 8;
+  // dQ through shared memory (the step's Q/dO stage, the same bytes as a kBlockM x kHeadDim fp32
+  // tile), each warp reading back whole rows of its kColsQ columns for 16-byte reductions: where
+  // those rows are 128 or 256 bytes (16-byte chunks a power of two, a whole swizzle period or more).
+  // (tile_size.h says in which mode, and why.)
+  template <bool kDeterministic, bool kSoftcap>
+  static constexpr bool kStagedDq =
+      (kStagedDq_ & StagedDq::bit(kDeterministic, kSoftcap)) != 0 && (kColsQ == 32 || kColsQ == 64);
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
@@ -380,8 +390,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     }
 
     // Phase 3: dQ += dS K for this warp's kRowsQ query rows x kColsQ columns, added to fp32
-    // global memory straight from the accumulators with relaxed atomics: no staging, so no
-    // barrier. In deterministic mode each warp adds once this key tile's turn has come.
+    // global memory with relaxed atomics, from the accumulators (no barrier) or staged in shared
+    // memory (kStagedDq). In deterministic mode each warp adds once this key tile's turn has come.
     {
       // Deterministic mode: this step's turn counter, read once now, while the MMAs run.
       [[maybe_unused]] int* turn = nullptr;
@@ -391,7 +401,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         if (lane == 0) turn_seen = ptx::thread_load_turn(turn);
       }
       float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
-      float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
+      [[maybe_unused]] float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
       // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
       auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
 #pragma unroll
@@ -417,6 +427,52 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           }
         }
       }
+      if constexpr (T::template kStagedDq<kDeterministic, kSoftcap>) {
+        // Every warp is past phase 2, so the stage's Q and dO may take the dQ tile: each warp its
+        // own kRowsQ x kColsQ fp32 block (StagedRows); the next step's load into this stage
+        // follows the next step's first barrier.
+        __syncthreads();
+        using Staged = StagedRows<T::kColsQ>;
+        float* staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
+        const typename Staged::FragmentStores stores(g, t);
+#pragma unroll
+        for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int j = 0; j < T::kColsQ / 8; ++j)
+              *reinterpret_cast<float2*>(staged + stores.at(16 * i + 8 * rr, j)) =
+                  make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+        __syncwarp();
+        if constexpr (kDeterministic) {
+          if (lane == 0)
+            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
+                                  turn_seen);
+          __syncwarp();
+          passing = turn;
+        }
+        // One running pointer down the lane's rows (a pointer per row would be hoisted out of the
+        // step loop and hold 32 registers).
+        const typename Staged::RowReads reads(lane);
+        const int r0 = lane / Staged::kLanesPerRow, c4 = 4 * (lane % Staged::kLanesPerRow);
+        const int row0 = T::kRowsQ * warp_mq + r0;
+        const bool col_ok = c4 < 8 * q_cols_valid;
+        const int pass_stride = Staged::kRowsPerPass * q_row_stride;
+        auto add_rows = [&](auto guarded) {
+          float* dst = dq_rows + int64_t(row0) * q_row_stride + 8 * d_chunk_q + c4;
+#pragma unroll
+          for (int k = 0; k < T::kRowsQ / Staged::kRowsPerPass; ++k) {
+            const float4 v = *reinterpret_cast<const float4*>(staged + reads.at(k));
+            if (!decltype(guarded)::value || (col_ok && (!kMasked || row0 + k * Staged::kRowsPerPass < rows)))
+              ptx::thread_red_add_f32x4(dst, v);
+            dst += pass_stride;
+          }
+        };
+        if (!kMasked && q_cols_valid >= T::kColsQ / 8)
+          add_rows(std::false_type{});
+        else
+          add_rows(std::true_type{});
+      } else {
       if constexpr (kDeterministic) {
         if (lane == 0)
           ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
@@ -460,6 +516,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
               ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
             }
           }
+      }
       }
     }
   };
