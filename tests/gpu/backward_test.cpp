@@ -308,6 +308,25 @@ TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
   check_case(w, 304);
 }
 
+// Head dims below their kernel's own (112 runs the d=128 kernels, 240 the d=256 ones): the columns
+// past the head dim are zero-filled on load and never added to dQ, in both modes (on the portable
+// path the staged dQ's column guard included: at 240 the last warp along the head dim owns 6 of
+// its 8 chunks).
+TEST_F(GpuBackward, HeadDimsBelowTheKernelsOwn) {
+  uint32_t seed = 700;
+  for (int64_t d : {112, 240})
+    for (bool deterministic : {false, true})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.head_dim = d;
+        c.seqlen_q = 150;
+        c.seqlen_k = 170;
+        c.causal = causal;
+        c.deterministic = deterministic;
+        check_case(c, seed++);
+      }
+}
+
 // Several key tiles per head and more query steps than pipeline stages (the Q/dO ring, the dQ
 // buffers and the K/V barrier phases wrap), GQA, and key tiles that no query sees (their dk and dv
 // must be written as zeros).
