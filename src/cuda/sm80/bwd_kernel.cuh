@@ -473,50 +473,50 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         else
           add_rows(std::true_type{});
       } else {
-      if constexpr (kDeterministic) {
-        if (lane == 0)
-          ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
-                                turn_seen);
-        __syncwarp();
-        passing = turn;
-      }
-      if constexpr (T::kHeadDim >= 128) {
-        // Unmasked steps at the kernel's own head dim add every element unguarded: ptxas wraps each
-        // guarded reduction in a branch region (BSSY, BRA, BSYNC; 60 instructions per step at
-        // d=128, 100 at d=256). On the H200 the default mode ran 1.01-1.03x faster at d=128 and
-        // 256 (deterministic d=256 1.01-1.04x, d=128 0.97x), but 0.99x at d=64, which keeps the
-        // plain loop below (bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 8).
-        auto add_dq = [&](auto guarded) {
+        if constexpr (kDeterministic) {
+          if (lane == 0)
+            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
+                                  turn_seen);
+          __syncwarp();
+          passing = turn;
+        }
+        if constexpr (T::kHeadDim >= 128) {
+          // Unmasked steps at the kernel's own head dim add every element unguarded: ptxas wraps each
+          // guarded reduction in a branch region (BSSY, BRA, BSYNC; 60 instructions per step at
+          // d=128, 100 at d=256). On the H200 the default mode ran 1.01-1.03x faster at d=128 and
+          // 256 (deterministic d=256 1.01-1.04x, d=128 0.97x), but 0.99x at d=64, which keeps the
+          // plain loop below (bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 8).
+          auto add_dq = [&](auto guarded) {
+#pragma unroll
+            for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+              for (int rr = 0; rr < 2; ++rr) {
+                const bool ok = row_ok(i, rr);
+                float* dst_row = dq_thread + (16 * i + 8 * rr) * q_row_stride;
+#pragma unroll
+                for (int j = 0; j < T::kColsQ / 8; ++j)
+                  if (!decltype(guarded)::value || (ok && j < q_cols_valid))
+                    ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+              }
+          };
+          if (!kMasked && q_cols_valid >= T::kColsQ / 8)
+            add_dq(std::false_type{});
+          else
+            add_dq(std::true_type{});
+        } else {
 #pragma unroll
           for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-              const bool ok = row_ok(i, rr);
+              if (!row_ok(i, rr)) continue;
               float* dst_row = dq_thread + (16 * i + 8 * rr) * q_row_stride;
 #pragma unroll
-              for (int j = 0; j < T::kColsQ / 8; ++j)
-                if (!decltype(guarded)::value || (ok && j < q_cols_valid))
-                  ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+              for (int j = 0; j < T::kColsQ / 8; ++j) {
+                if (j >= q_cols_valid) continue;
+                ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
+              }
             }
-        };
-        if (!kMasked && q_cols_valid >= T::kColsQ / 8)
-          add_dq(std::false_type{});
-        else
-          add_dq(std::true_type{});
-      } else {
-#pragma unroll
-        for (int i = 0; i < T::kTilesQ; ++i)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            if (!row_ok(i, rr)) continue;
-            float* dst_row = dq_thread + (16 * i + 8 * rr) * q_row_stride;
-#pragma unroll
-            for (int j = 0; j < T::kColsQ / 8; ++j) {
-              if (j >= q_cols_valid) continue;
-              ptx::thread_red_add_f32x2(dst_row + 8 * j, acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
-            }
-          }
-      }
+        }
       }
     }
   };
