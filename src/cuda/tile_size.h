@@ -71,6 +71,21 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
   }
 }
 
+// Which of the portable backward kernel's four variants (default or deterministic mode, with or
+// without softcap) add dQ from shared memory in whole rows (sm80::BwdTraits::kStagedDq: a third
+// barrier per step, then half the reductions, each over whole 128-byte lines) instead of from the
+// MMA accumulators: a mask of these bits. H200, bench/ab_compare.py, staged against accumulators
+// (bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt, 2k / 8k): deterministic mode 1.06-1.08x
+// at d=128 and 1.03x at d=256, where each warp's additions wait for its turn (staged, the wait comes
+// after the stores and the burst after it is half as long); default mode 1.00x at d=256 (1.02x with
+// softcap) but 0.99x at d=128. Deterministic with softcap at d=256 spills 220 bytes staged: 0.84x.
+struct StagedDq {
+  static constexpr uint8_t kDefault = 1, kDefaultSoftcap = 2, kDeterministic = 4, kDeterministicSoftcap = 8;
+  static constexpr uint8_t bit(bool deterministic, bool softcap) {
+    return uint8_t(1u << (2 * int(deterministic) + int(softcap)));
+  }
+};
+
 // Backward (src/cuda/sm80/bwd_kernel.cuh): block_n keys per CTA, block_m query rows per step. dK
 // and dV stay in registers: per thread 2 * block_n * head_dim / (32 * warps) fp32. Each query step
 // moves the Q/dO tiles and a block_m x head_dim fp32 dQ tile through L2 for 4 * block_m * block_n *
@@ -96,26 +111,12 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 //          / 150, 2/2/2 187 / 206 | 145 / 145, 4/4/4 176 / 197: 4/2/2 stays.
 // The deterministic figures above ran that mode's former per-CTA dQ slices; on turns (2026-12-02,
 // bench/results/h200_portable_bwd_det_turns_2026-12-02.txt) it runs at 0.86-0.95 of the default
-// in these layouts, which were not re-swept for it.
+// in these layouts, which were not re-swept for it; 0.91-0.97 with the staged dQ (StagedDq above;
+// bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt, call 8).
 // 128 query rows per step at d=64 (FlashAttention-2's 128 x 128 shape there; 2026-12-01, H200, the
 // same sweep, default | deterministic at 2k / 8k, non-causal then causal): 4/4/2 on 2 stages 198 /
 // 226 | 192 / 213, causal 148 / 207 | 141 / 191, against 64 rows 175 / 196 | 167 / 186, causal 132 /
 // 181; one stage 191 / 219; 8/4/4 192 / 214.
-// Which of the portable backward kernel's four variants (default or deterministic mode, with or
-// without softcap) add dQ from shared memory in whole rows (sm80::BwdTraits::kStagedDq: a third
-// barrier per step, then half the reductions, each over whole 128-byte lines) instead of from the
-// MMA accumulators: a mask of these bits. H200, bench/ab_compare.py, staged against accumulators
-// (bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt, 2k / 8k): deterministic mode 1.06-1.08x
-// at d=128 and 1.03x at d=256, where each warp's additions wait for its turn (staged, the wait comes
-// after the stores and the burst after it is half as long); default mode 1.00x at d=256 (1.02x with
-// softcap) but 0.99x at d=128. Deterministic with softcap at d=256 spills 220 bytes staged: 0.84x.
-struct StagedDq {
-  static constexpr uint8_t kDefault = 1, kDefaultSoftcap = 2, kDeterministic = 4, kDeterministicSoftcap = 8;
-  static constexpr uint8_t bit(bool deterministic, bool softcap) {
-    return uint8_t(1u << (2 * int(deterministic) + int(softcap)));
-  }
-};
-
 struct PortableBwdTile {
   int block_n;
   int warps;

@@ -58,11 +58,11 @@ void expect_staged_rows_spread() {
         for (int e = 0; e < 2; ++e) ++bank[(S::offset(row0 + lane / 4, 8 * j + 2 * (lane % 4)) + e) % 32];
       for (int b = 0; b < 32; ++b) ASSERT_LE(bank[b], 2) << "store rows " << row0 << " tile " << j;
     }
-  constexpr int kLanesPerRow = kCols / 4;
-  for (int row0 = 0; row0 < kRows; row0 += 32 / kLanesPerRow) {
+  for (int row0 = 0; row0 < kRows; row0 += S::kRowsPerPass) {
     int bank[32] = {};
     for (int lane = 0; lane < 32; ++lane)
-      for (int e = 0; e < 4; ++e) ++bank[(S::offset(row0 + lane / kLanesPerRow, 4 * (lane % kLanesPerRow)) + e) % 32];
+      for (int e = 0; e < 4; ++e)
+        ++bank[(S::offset(row0 + lane / S::kLanesPerRow, 4 * (lane % S::kLanesPerRow)) + e) % 32];
     for (int b = 0; b < 32; ++b) ASSERT_LE(bank[b], 4) << "read rows " << row0;
   }
 }
@@ -76,7 +76,8 @@ void expect_staged_lane_plans_match() {
     const typename S::FragmentStores stores(g, t);
     for (int row8 = 0; row8 < 64; row8 += 8)
       for (int j = 0; j < kCols / 8; ++j)
-        ASSERT_EQ(stores.at(row8, j), S::offset(row8 + g, 8 * j + 2 * t)) << "lane " << lane << " row8 " << row8 << " j " << j;
+        ASSERT_EQ(stores.at(row8, j), S::offset(row8 + g, 8 * j + 2 * t))
+            << "lane " << lane << " row8 " << row8 << " j " << j;
     const typename S::RowReads reads(lane);
     for (int k = 0; k < 64 / S::kRowsPerPass; ++k)
       ASSERT_EQ(reads.at(k), S::offset(k * S::kRowsPerPass + lane / S::kLanesPerRow, 4 * (lane % S::kLanesPerRow)))

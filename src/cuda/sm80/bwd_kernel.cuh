@@ -400,10 +400,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         turn = seq_turns + int64_t(h) * ws.tiles_per_head + m_begin + step_m;
         if (lane == 0) turn_seen = ptx::thread_load_turn(turn);
       }
+      // Before the warp's additions (deterministic mode): wait for this key tile's turn.
+      auto wait_for_turn = [&] {
+        if constexpr (kDeterministic) {
+          if (lane == 0)
+            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
+                                  turn_seen);
+          __syncwarp();
+          passing = turn;
+        }
+      };
       float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
+      // The accumulator additions' first address, taken before the MMAs as in the kernels measured
+      // (taken after them, ptxas allocates the deterministic softcap d=256 kernel differently).
       [[maybe_unused]] float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
-      // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
-      auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
 #pragma unroll
       for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
@@ -444,13 +454,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
               *reinterpret_cast<float2*>(staged + stores.at(16 * i + 8 * rr, j)) =
                   make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
         __syncwarp();
-        if constexpr (kDeterministic) {
-          if (lane == 0)
-            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
-                                  turn_seen);
-          __syncwarp();
-          passing = turn;
-        }
+        wait_for_turn();
         // One running pointer down the lane's rows (a pointer per row would be hoisted out of the
         // step loop and hold 32 registers).
         const typename Staged::RowReads reads(lane);
@@ -473,13 +477,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         else
           add_rows(std::true_type{});
       } else {
-        if constexpr (kDeterministic) {
-          if (lane == 0)
-            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
-                                  turn_seen);
-          __syncwarp();
-          passing = turn;
-        }
+        wait_for_turn();
+        // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
+        auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
         if constexpr (T::kHeadDim >= 128) {
           // Unmasked steps at the kernel's own head dim add every element unguarded: ptxas wraps each
           // guarded reduction in a branch region (BSSY, BRA, BSYNC; 60 instructions per step at

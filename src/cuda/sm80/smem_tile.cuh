@@ -60,7 +60,9 @@ struct StagedRows {
     __host__ __device__ __forceinline__ FragmentStores(int g, int t) {
       for (int jj = 0; jj < 4; ++jj) base[jj] = g * kCols + 4 * ((2 * jj + (t >> 1)) ^ g) + 2 * (t & 1);
     }
-    __host__ __device__ __forceinline__ int at(int row8, int j) const { return base[j & 3] + row8 * kCols + 32 * (j >> 2); }
+    __host__ __device__ __forceinline__ int at(int row8, int j) const {
+      return base[j & 3] + row8 * kCols + 32 * (j >> 2);
+    }
   };
 
   // A lane's whole-row reads: pass k reads row k * kRowsPerPass + lane / kLanesPerRow, columns
