@@ -79,8 +79,12 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
 // at d=128 and 1.03x at d=256, where each warp's additions wait for its turn (staged, the wait comes
 // after the stores and the burst after it is half as long); default mode 1.00x at d=256 (1.02x with
 // softcap) but 0.99x at d=128. Deterministic with softcap at d=256 spills 220 bytes staged: 0.84x.
+// kOwnBuffer: the staged blocks get shared memory of their own (kBlockM x kHeadDim fp32 in all)
+// instead of the step's Q/dO stage, so each warp stages and reads back its block without the third
+// barrier; where that fits beside the rest (d=128: 160 + 32 KB).
 struct StagedDq {
   static constexpr uint8_t kDefault = 1, kDefaultSoftcap = 2, kDeterministic = 4, kDeterministicSoftcap = 8;
+  static constexpr uint8_t kOwnBuffer = 16;
   static constexpr uint8_t bit(bool deterministic, bool softcap) {
     return uint8_t(1u << (2 * int(deterministic) + int(softcap)));
   }
@@ -139,7 +143,9 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
     // d=128 measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB.
     if (head_dim <= 128)
-      return {128, 8, 2, 4, 4, 2, 1, 64, StagedDq::kDeterministic | StagedDq::kDeterministicSoftcap};
+      return {128, 8, 2, 4, 4, 2, 1, 64,
+              StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
+                  StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer};
     // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs.
     return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic};
   } else {

@@ -77,8 +77,9 @@ struct BwdTraits {
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
-  static constexpr int kSmemBytes =
-      (2 * kTileKV + 2 * kStages * kTileQ + 2 * kTileP) * int(sizeof(Element)) + 2 * kStages * kBlockM * 4;
+  static constexpr bool kDqOwnBuffer = (kStagedDq_ & StagedDq::kOwnBuffer) != 0;
+  static constexpr int kSmemBytes = (2 * kTileKV + 2 * kStages * kTileQ + 2 * kTileP) * int(sizeof(Element)) +
+                                    2 * kStages * kBlockM * 4 + (kDqOwnBuffer ? kBlockM * kHeadDim * 4 : 0);
   static_assert(kWarps % kKeyWarpsS == 0 && kWarps % kKeyWarpsKV == 0 && kWarps % kRowWarpsQ == 0,
                 "warp layouts must tile the CTA");
   static_assert(kRowsS % 16 == 0 && kRowsKV % 16 == 0 && kRowsQ % 16 == 0, "warps own whole m16 tiles");
@@ -155,6 +156,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   E* sdS = sP + T::kTileP;                      // dS^T [keys][queries]
   float* sLse = reinterpret_cast<float*>(sdS + T::kTileP);  // [kStages][kBlockM]
   float* sDelta = sLse + T::kStages * T::kBlockM;
+  [[maybe_unused]] float* sDqStage = sDelta + T::kStages * T::kBlockM;  // kDqOwnBuffer: [warp][kRowsQ x kColsQ]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, mi = lane >> 3;
   const int warp_ks = warp % T::kKeyWarpsS, warp_qs = warp / T::kKeyWarpsS;      // phase 1
@@ -438,12 +440,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         }
       }
       if constexpr (T::template kStagedDq<kDeterministic, kSoftcap>) {
-        // Every warp is past phase 2, so the stage's Q and dO may take the dQ tile: each warp its
-        // own kRowsQ x kColsQ fp32 block (StagedRows); the next step's load into this stage
-        // follows the next step's first barrier.
-        __syncthreads();
+        // Each warp stages its own kRowsQ x kColsQ fp32 block (StagedRows). In the step's Q/dO
+        // stage once every warp is past phase 2 (the next step's load into this stage follows the
+        // next step's first barrier); in a buffer of its own once its lanes have read back the
+        // previous step's block.
+        float* staged;
+        if constexpr (T::kDqOwnBuffer) {
+          __syncwarp();
+          staged = sDqStage + warp * (T::kRowsQ * T::kColsQ);
+        } else {
+          __syncthreads();
+          staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
+        }
         using Staged = StagedRows<T::kColsQ>;
-        float* staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
         const typename Staged::FragmentStores stores(g, t);
 #pragma unroll
         for (int i = 0; i < T::kTilesQ; ++i)
