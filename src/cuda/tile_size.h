@@ -139,7 +139,12 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     // d=32 and d=96 take 4/4/4 (measured within 3% of 4/4/2 at d=128): with 4 warps along the head
     // dim, dQ would give each warp 8 or 24 columns, not whole ldmatrix.x4 pairs (unmeasured there).
     if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
-    if (head_dim <= 64) return {128, 8, 2, 4, 4, 2, 1, 128};  // measured best; dK+dV 64 regs; 32 + 64 + 64 = 160 KB
+    // d=64: 4 warps along the query rows for dQ (32 x 32 per warp, FlashAttention-2's layout; with
+    // additions from the accumulators 2 measured best), staged in its own 32 KB; 160 + 32 = 192 KB.
+    if (head_dim <= 64)
+      return {128, 8, 2, 4, 4, 4, 1, 128,
+              StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
+                  StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer};
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
     // d=128 measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB.
     if (head_dim <= 128)
