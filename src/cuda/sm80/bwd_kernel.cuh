@@ -13,8 +13,9 @@
 //   3. convert: dq = scale * dq_accum in the input dtype.
 // dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
 // vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs;
-// or, in the variants tile_size.h names (StagedDq), each warp first stages its block in the step's
-// Q/dO stage, behind a third barrier, and adds whole rows of it (red.global.add.v4.f32).
+// or, in the variants tile_size.h names (StagedDq), each warp first stages its block in shared
+// memory, and adds whole rows of it (red.global.add.v4.f32): in the step's Q/dO stage behind a third
+// barrier, or where it fits (StagedDq::kOwnBuffer) in a buffer of its own behind __syncwarp.
 // In deterministic mode the key tiles visiting a query tile take turns (a counter per dQ tile in
 // the workspace, as on the Hopper path): each warp adds its part once the counter shows this key
 // tile's turn (ordered_turn), and thread 0 passes the turn at the next step's middle barrier, by
@@ -68,7 +69,8 @@ struct BwdTraits {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kChunksP = kBlockM / 8;
   // dQ through shared memory (the step's Q/dO stage, the same bytes as a kBlockM x kHeadDim fp32
-  // tile), each warp reading back whole rows of its kColsQ columns for 16-byte reductions: where
+  // tile, or a buffer of that size of its own), each warp reading back whole rows of its kColsQ
+  // columns for 16-byte reductions: where
   // those rows are 128 or 256 bytes (16-byte chunks a power of two, a whole swizzle period or more).
   // (tile_size.h says in which mode, and why.)
   template <bool kDeterministic, bool kSoftcap>
