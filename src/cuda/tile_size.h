@@ -135,6 +135,11 @@ struct PortableBwdTile {
   int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
   int block_m = 64;  // query rows per step
   uint8_t staged_dq = 0;  // StagedDq bits
+  // P^T and dS^T stored by stmatrix (sm90), 16 x 16 at a time, instead of four 32-bit stores per
+  // lane. H200, bench/ab_compare.py (bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt,
+  // session 20 call 4), 2k / 8k, causal and not: d=64 1.04-1.05x (deterministic 1.00x), d=256
+  // 1.02-1.03x; d=128 0.94-0.97x (its kernels took 40-100 bytes of spills), so it stays off there.
+  bool stmatrix_ps = false;
 };
 
 template <int kArch>
@@ -148,7 +153,8 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     if (head_dim <= 64)
       return {128, 8, 2, 4, 4, 4, 1, 128,
               StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
-                  StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer};
+                  StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer,
+              true};
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
     // d=128 measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB.
     if (head_dim <= 128)
@@ -156,7 +162,7 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
               StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
                   StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer};
     // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs.
-    return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic};
+    return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic, true};
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns

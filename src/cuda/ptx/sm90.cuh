@@ -188,19 +188,6 @@ __device__ __forceinline__ void thread_pin(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// ---- stmatrix: registers in mma fragment layout -> shared -----------------------------------
-
-// Four 8x8 b16 matrices, each stored transposed: register j holds matrix j in the accumulator
-// layout (lane L: row L/4, elements 2(L%4) and 2(L%4)+1), and lane L passes the address of stored
-// row (L & 7) of matrix (L >> 3), i.e. of the matrix's column L & 7 (8 contiguous b16, 16 bytes).
-// The backward writes dS^T accumulators as dS rows this way.
-__device__ __forceinline__ void warp_stmatrix_x4_trans(const uint32_t (&r)[4], void* smem_row) {
-  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
-               "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
-}
-
 // ---- warp specialization --------------------------------------------------------------------
 
 // Moves registers between warpgroups: the producer gives up what it does not need, consumers take
@@ -217,6 +204,30 @@ __device__ __forceinline__ void warpgroup_reg_dealloc() {
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// ---- stmatrix: registers in mma fragment layout -> shared -----------------------------------
+
+// Four 8x8 b16 matrices as they are: register j holds matrix j in the accumulator layout (lane L:
+// row L/4, elements 2(L%4) and 2(L%4)+1), and lane L passes the address of row (L & 7) of matrix
+// (L >> 3) (8 contiguous b16, 16 bytes): ldmatrix.x4's lane addresses, the other way. One
+// instruction for what took four 32-bit stores per lane (the portable backward's P^T and dS^T).
+__device__ __forceinline__ void warp_stmatrix_x4(const uint32_t (&r)[4], void* smem_row) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// Four 8x8 b16 matrices, each stored transposed: register j holds matrix j in the accumulator
+// layout (lane L: row L/4, elements 2(L%4) and 2(L%4)+1), and lane L passes the address of stored
+// row (L & 7) of matrix (L >> 3), i.e. of the matrix's column L & 7 (8 contiguous b16, 16 bytes).
+// The backward writes dS^T accumulators as dS rows this way.
+__device__ __forceinline__ void warp_stmatrix_x4_trans(const uint32_t (&r)[4], void* smem_row) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 
 // Named barriers (ids 1..15; 0 is __syncthreads). `threads` is a multiple of 32.
 __device__ __forceinline__ void thread_named_sync(int id, int threads) {

@@ -42,13 +42,14 @@
 #include "core/softmax_state.h"
 #include "cuda/bwd_common.cuh"
 #include "cuda/ptx/sm80.cuh"
+#include "cuda/ptx/sm90.cuh"  // stmatrix (sm90 builds)
 #include "cuda/sm80/smem_tile.cuh"
 #include "cuda/tile_size.h"
 
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, uint8_t kStagedDq_ = 0>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, uint8_t kStagedDq_ = 0, bool kStMatrixPs_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -58,6 +59,7 @@ struct BwdTraits {
   static constexpr int kMinCtas = kMinCtas_;  // CTAs per SM the registers are capped for
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
+  static constexpr bool kStMatrixPs = kStMatrixPs_;  // P^T, dS^T stored by stmatrix (sm90)
   static constexpr int kKeyWarpsS = kKeyWarpsS_, kKeyWarpsKV = kKeyWarpsKV_, kRowWarpsQ = kRowWarpsQ_;
   static constexpr int kRowsS = kBlockN / kKeyWarpsS;                 // keys of S^T per warp
   static constexpr int kColsS = kBlockM / (kWarps / kKeyWarpsS);      // queries of S^T per warp
@@ -188,6 +190,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const LaneRows<T::kChunks> qdo_b(T::kColsS * warp_qs + 8 * (mi >> 1) + (lane & 7), mi & 1);
   const LaneRows<T::kChunks> trans_b(8 * (mi & 1) + (lane & 7), mi >> 1);
   const LaneRows<T::kChunksP> ds_a_trans(8 * (mi >> 1) + (lane & 7), mi & 1);
+  // stmatrix rows of P^T and dS^T (kStMatrixPs): phase 1's A-fragment plan, in P's chunks.
+  [[maybe_unused]] const LaneRows<T::kChunksP> ps_st(T::kRowsS * warp_ks + (lane & 15), lane >> 4);
   const int d_chunk_kv = T::kColsKV / 8 * warp_dkv;  // first head-dim chunk of this warp (even)
   const int d_chunk_q = T::kColsQ / 8 * warp_dq;
   // Phase 3's dQ elements of this thread: rows q_row0 + 16 i + 8 rr of a step's tile, columns
@@ -332,37 +336,67 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       }
     }
 
-    // P^T and dS^T per element (key row r, query column q), stored to shared memory as 16 bits.
-    // Masked steps test each element against the mask's band around the tile's corner in 32 bits
-    // (core::MaskBand: rows and keys past the sequences, and the window).
+    // P^T and dS^T per element (key row r, query column q), stored to shared memory as 16 bits:
+    // per lane, or where the tile table says (sm90 only) a 16 x 16 block (two n8 tiles) at a time
+    // by stmatrix, one instruction where each lane made four 32-bit stores (the stores and the
+    // exponentials share the MIO queue). Masked steps test each element against the mask's band
+    // around the tile's corner in 32 bits (core::MaskBand: rows and keys past the sequences, and
+    // the window).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr bool kStMatrix = T::kStMatrixPs;
+#else
+    constexpr bool kStMatrix = false;
+#endif
+    constexpr int kJ = kStMatrix ? 2 : 1;  // n8 tiles per store
     const core::MaskBand band = core::mask_band(mask, m0, key0);
 #pragma unroll
-    for (int j = 0; j < T::kColsS / 8; ++j) {
-      const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
-      const float2 dl = *reinterpret_cast<const float2*>(delta + col);
+    for (int j = 0; j < T::kColsS / 8; j += kJ) {
+      float2 l2[kJ], dl[kJ];
 #pragma unroll
-      for (int i = 0; i < T::kTilesS; ++i)
+      for (int jj = 0; jj < kJ; ++jj) {
+        const int col = T::kColsS * warp_qs + 8 * (j + jj) + 2 * t;
+        l2[jj] = *reinterpret_cast<const float2*>(lse2 + col);
+        dl[jj] = *reinterpret_cast<const float2*>(delta + col);
+      }
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
-          float pv[2], dsv[2];
+      for (int i = 0; i < T::kTilesS; ++i) {
+        // Register 2 jj + rr: row g + 8 rr, columns 8 (j + jj) + 2t and + 1 (stmatrix's matrix order).
+        uint32_t pr[2 * kJ], dsr[2 * kJ];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float u = acc_s[i][j][2 * rr + e];
-            if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
-            float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
-            if constexpr (kMasked)
-              if (!band.visible(col + e, row)) pe = 0.f;
-            float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x));
-            if constexpr (kSoftcap) ds *= 1.f - u * u;
-            pv[e] = pe;
-            dsv[e] = ds;
+        for (int jj = 0; jj < kJ; ++jj)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
+            const int col = T::kColsS * warp_qs + 8 * (j + jj) + 2 * t;
+            float pv[2], dsv[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float u = acc_s[i][j + jj][2 * rr + e];
+              if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
+              float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2[jj].y : l2[jj].x)));
+              if constexpr (kMasked)
+                if (!band.visible(col + e, row)) pe = 0.f;
+              float ds = pe * (acc_dp[i][j + jj][2 * rr + e] - (e ? dl[jj].y : dl[jj].x));
+              if constexpr (kSoftcap) ds *= 1.f - u * u;
+              pv[e] = pe;
+              dsv[e] = ds;
+            }
+            pr[2 * jj + rr] = ptx::thread_pack2<E>(pv[0], pv[1]);
+            dsr[2 * jj + rr] = ptx::thread_pack2<E>(dsv[0], dsv[1]);
+            if constexpr (!kStMatrix) {
+              const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
+              *reinterpret_cast<uint32_t*>(sP + off) = pr[rr];
+              *reinterpret_cast<uint32_t*>(sdS + off) = dsr[rr];
+            }
           }
-          const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
-          *reinterpret_cast<uint32_t*>(sP + off) = ptx::thread_pack2<E>(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t*>(sdS + off) = ptx::thread_pack2<E>(dsv[0], dsv[1]);
+        if constexpr (kStMatrix) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          const int chunk = T::kColsS / 8 * warp_qs + j;
+          ptx::warp_stmatrix_x4(pr, sP + ps_st.at(16 * i, chunk));
+          ptx::warp_stmatrix_x4(dsr, sdS + ps_st.at(16 * i, chunk));
+#endif
         }
+      }
     }
     __syncthreads();
     // Every warp's additions of the previous step were issued before this step's first barrier.

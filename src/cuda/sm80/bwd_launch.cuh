@@ -81,7 +81,7 @@ void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
   constexpr PortableBwdTile tile = portable_bwd_tile<kArch>(kHeadDim);
   launch_backward_portable<sm80::BwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.stages, tile.key_warps_s,
                                            tile.key_warps_kv, tile.row_warps_q, tile.min_ctas, tile.block_m,
-                                           tile.staged_dq>>(p, stream);
+                                           tile.staged_dq, tile.stmatrix_ps>>(p, stream);
 }
 
 }  // namespace flashattn::cuda
