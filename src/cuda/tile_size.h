@@ -136,9 +136,11 @@ struct PortableBwdTile {
   int block_m = 64;  // query rows per step
   uint8_t staged_dq = 0;  // StagedDq bits
   // P^T and dS^T stored by stmatrix (sm90), 16 x 16 at a time, instead of four 32-bit stores per
-  // lane. H200, bench/ab_compare.py (bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt,
-  // session 20 call 4), 2k / 8k, causal and not: d=64 1.04-1.05x (deterministic 1.00x), d=256
-  // 1.02-1.03x; d=128 0.94-0.97x (its kernels took 40-100 bytes of spills), so it stays off there.
+  // lane. H200, bench/ab_compare.py (bench/results/h200_portable_bwd_stmatrix_2026-12-03.txt, call
+  // 14), 2k / 8k, causal and not: d=64 1.04-1.05x (deterministic 1.00x), d=256 1.02-1.03x in both
+  // modes. d=128 ran 0.94-0.97x (call 4: ptxas spilled its default kernel, 40 / 60 bytes), and
+  // 0.98x in blocks of 32 rows of one n8 tile (one n8 tile's lse and D live at a time), so it keeps
+  // per-lane stores. d=192 follows d=256 (unmeasured); d=32 and 96 unmeasured, off.
   bool stmatrix_ps = false;
 };
 

@@ -342,60 +342,69 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     // exponentials share the MIO queue). Masked steps test each element against the mask's band
     // around the tile's corner in 32 bits (core::MaskBand: rows and keys past the sequences, and
     // the window).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr bool kStMatrix = T::kStMatrixPs;
-#else
-    constexpr bool kStMatrix = false;
-#endif
-    constexpr int kJ = kStMatrix ? 2 : 1;  // n8 tiles per store
     const core::MaskBand band = core::mask_band(mask, m0, key0);
+    // The packed P^T and dS^T pairs of (m16 tile i, n8 tile j, row half rr), given the pair's
+    // lse2 and D.
+    auto p_ds_pair = [&](int i, int j, int rr, float2 l2, float2 dl, uint32_t& pr, uint32_t& dsr) {
+      const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
+      const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
+      float pv[2], dsv[2];
 #pragma unroll
-    for (int j = 0; j < T::kColsS / 8; j += kJ) {
-      float2 l2[kJ], dl[kJ];
-#pragma unroll
-      for (int jj = 0; jj < kJ; ++jj) {
-        const int col = T::kColsS * warp_qs + 8 * (j + jj) + 2 * t;
-        l2[jj] = *reinterpret_cast<const float2*>(lse2 + col);
-        dl[jj] = *reinterpret_cast<const float2*>(delta + col);
+      for (int e = 0; e < 2; ++e) {
+        float u = acc_s[i][j][2 * rr + e];
+        if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
+        float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2.y : l2.x)));
+        if constexpr (kMasked)
+          if (!band.visible(col + e, row)) pe = 0.f;
+        float ds = pe * (acc_dp[i][j][2 * rr + e] - (e ? dl.y : dl.x));
+        if constexpr (kSoftcap) ds *= 1.f - u * u;
+        pv[e] = pe;
+        dsv[e] = ds;
       }
-#pragma unroll
-      for (int i = 0; i < T::kTilesS; ++i) {
-        // Register 2 jj + rr: row g + 8 rr, columns 8 (j + jj) + 2t and + 1 (stmatrix's matrix order).
-        uint32_t pr[2 * kJ], dsr[2 * kJ];
-#pragma unroll
-        for (int jj = 0; jj < kJ; ++jj)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
-            const int col = T::kColsS * warp_qs + 8 * (j + jj) + 2 * t;
-            float pv[2], dsv[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float u = acc_s[i][j + jj][2 * rr + e];
-              if constexpr (kSoftcap) u = ptx::thread_tanh(u * tanh_scale);
-              float pe = ptx::thread_exp2(fmaf(u, c, -(e ? l2[jj].y : l2[jj].x)));
-              if constexpr (kMasked)
-                if (!band.visible(col + e, row)) pe = 0.f;
-              float ds = pe * (acc_dp[i][j + jj][2 * rr + e] - (e ? dl[jj].y : dl[jj].x));
-              if constexpr (kSoftcap) ds *= 1.f - u * u;
-              pv[e] = pe;
-              dsv[e] = ds;
-            }
-            pr[2 * jj + rr] = ptx::thread_pack2<E>(pv[0], pv[1]);
-            dsr[2 * jj + rr] = ptx::thread_pack2<E>(dsv[0], dsv[1]);
-            if constexpr (!kStMatrix) {
-              const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
-              *reinterpret_cast<uint32_t*>(sP + off) = pr[rr];
-              *reinterpret_cast<uint32_t*>(sdS + off) = dsr[rr];
-            }
-          }
-        if constexpr (kStMatrix) {
+      pr = ptx::thread_pack2<E>(pv[0], pv[1]);
+      dsr = ptx::thread_pack2<E>(dsv[0], dsv[1]);
+    };
+    auto lse_delta = [&](int j, float2& l2, float2& dl) {
+      const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
+      l2 = *reinterpret_cast<const float2*>(lse2 + col);
+      dl = *reinterpret_cast<const float2*>(delta + col);
+    };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (T::kStMatrixPs) {
+#pragma unroll
+      for (int j = 0; j < T::kColsS / 8; j += 2) {
+        float2 l2[2], dl[2];
+        lse_delta(j, l2[0], dl[0]);
+        lse_delta(j + 1, l2[1], dl[1]);
+#pragma unroll
+        for (int i = 0; i < T::kTilesS; ++i) {
+          // Register 2 jj + rr: rows g + 8 rr, columns 8 (j + jj) + 2t and + 1 (stmatrix's order).
+          uint32_t pr[4], dsr[4];
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) p_ds_pair(i, j + jj, rr, l2[jj], dl[jj], pr[2 * jj + rr], dsr[2 * jj + rr]);
           const int chunk = T::kColsS / 8 * warp_qs + j;
           ptx::warp_stmatrix_x4(pr, sP + ps_st.at(16 * i, chunk));
           ptx::warp_stmatrix_x4(dsr, sdS + ps_st.at(16 * i, chunk));
-#endif
         }
+      }
+    } else
+#endif
+    {
+#pragma unroll
+      for (int j = 0; j < T::kColsS / 8; ++j) {
+        float2 l2, dl;
+        lse_delta(j, l2, dl);
+#pragma unroll
+        for (int i = 0; i < T::kTilesS; ++i)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
+            const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
+            const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
+            p_ds_pair(i, j, rr, l2, dl, *reinterpret_cast<uint32_t*>(sP + off), *reinterpret_cast<uint32_t*>(sdS + off));
+          }
       }
     }
     __syncthreads();
