@@ -403,7 +403,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
             const int row = T::kRowsS * warp_ks + 16 * i + g + 8 * rr;
             const int col = T::kColsS * warp_qs + 8 * j + 2 * t;
             const int off = Swizzle<T::kChunksP>::offset(row, col / 8) + (col % 8);
-            p_ds_pair(i, j, rr, l2, dl, *reinterpret_cast<uint32_t*>(sP + off), *reinterpret_cast<uint32_t*>(sdS + off));
+            p_ds_pair(i, j, rr, l2, dl, *reinterpret_cast<uint32_t*>(sP + off),
+                      *reinterpret_cast<uint32_t*>(sdS + off));
           }
       }
     }
