@@ -150,13 +150,14 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     // d=32 and d=96 take 4/4/4 (measured within 3% of 4/4/2 at d=128): with 4 warps along the head
     // dim, dQ would give each warp 8 or 24 columns, not whole ldmatrix.x4 pairs (unmeasured there).
     if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
-    // d=64: 4 warps along the query rows for dQ (32 x 32 per warp, FlashAttention-2's layout; with
-    // additions from the accumulators 2 measured best), staged in its own 32 KB; 160 + 32 = 192 KB.
+    // d=64: 4 warps along the query rows for dQ (32 x 32 per warp, FlashAttention-2's layout; while
+    // dQ was added from the accumulators, 2 had measured best), staged in its own 32 KB; 160 + 32 =
+    // 192 KB.
     if (head_dim <= 64)
       return {128, 8, 2, 4, 4, 4, 1, 128,
               StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
                   StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer,
-              true};
+              /*stmatrix_ps=*/true};
     if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
     // d=128 measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB.
     if (head_dim <= 128)
@@ -164,7 +165,8 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
               StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
                   StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer};
     // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs.
-    return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic, true};
+    return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic,
+            /*stmatrix_ps=*/true};
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns

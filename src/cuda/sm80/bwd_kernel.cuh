@@ -72,9 +72,8 @@ struct BwdTraits {
   static constexpr int kChunksP = kBlockM / 8;
   // dQ through shared memory (the step's Q/dO stage, the same bytes as a kBlockM x kHeadDim fp32
   // tile, or a buffer of that size of its own), each warp reading back whole rows of its kColsQ
-  // columns for 16-byte reductions: where
-  // those rows are 128 or 256 bytes (16-byte chunks a power of two, a whole swizzle period or more).
-  // (tile_size.h says in which mode, and why.)
+  // columns for 16-byte reductions: where those rows are 128 or 256 bytes (16-byte chunks a power
+  // of two, a whole swizzle period or more). (tile_size.h says in which mode, and why.)
   template <bool kDeterministic, bool kSoftcap>
   static constexpr bool kStagedDq =
       (kStagedDq_ & StagedDq::bit(kDeterministic, kSoftcap)) != 0 && (kColsQ == 32 || kColsQ == 64);
