@@ -491,10 +491,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
                                         sdSs + swizzled_offset<BM>(16 * q + 8 * (jb >> 1) + (lane & 7),
                                                                    key_a - g + 8 * (jb & 1)));
         } else {
+          // As dS^T, [key][query]: the same blocks stored as they are; lane L addresses key row L & 7
+          // of block 4 q + (L >> 3).
+          const int jb = lane >> 3;
 #pragma unroll
-          for (int j = 0; j < BM / 4; ++j)
-            *reinterpret_cast<uint32_t*>(sdSs + swizzled_offset<BN>(key_a + 8 * (j & 1), 8 * (j >> 1) + 2 * t)) =
-                dsf[j];
+          for (int q = 0; q < BM / 16; ++q)
+            ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
+                                  sdSs + swizzled_offset<BN>(key_a - g + 8 * (jb & 1) + (lane & 7), 16 * q + 8 * (jb >> 1)));
         }
         ptx::thread_fence_proxy_async_smem();
 
