@@ -279,6 +279,12 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 // at 2k / 8k, bench/results/h200_bwd_persistent_2026-12-01.txt, calls 7 and 8): d=64 382 / 433
 // (causal 299 / 398), d=128 443 / 501 (causal 361 / 457), d=256 326 / 368 (causal 268 / 352),
 // 0.94-1.04 of cuDNN from 2k to 16k.
+// P^T and dS^T reach shared memory by stmatrix (four 8 x 8 blocks per instruction, where each lane
+// made 16 to 32 4-byte stores per step): B/A against per-lane stores (H200, bench/ab_compare.py,
+// 2k / 8k, non-causal then causal, bench/results/h200_hopper_bwd_stmatrix_2026-12-03.txt): d=64
+// 1.027 / 1.003, 1.059 / 1.027 (deterministic 1.011 / 1.010, 1.033 / 1.036); d=256 1.000 / 1.020,
+// 1.031 / 1.004 (deterministic 1.030 / 1.011, 1.047 / 1.012). d=128 already stored dS by
+// stmatrix.trans.
 // With block_m 64, S^T, dP^T and dQ are N=64 wgmmas reading both operands from shared memory
 // (4 KB per 64x64x16 step); by our estimate (not measured) two warpgroups at the tensor cores'
 // peak would read about 128 bytes per clock, what shared memory delivers, so those three products
