@@ -196,7 +196,9 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 //   d=256: 2 x 80 (block_n 64: 548/635 in an earlier sweep); non-causal with ping-pong
 //          (685/716/717; 628/699/729 without), causal dynamic without (498/621/704; static
 //          485/572/470). O does not fit beside Q, K and V (224 KB), so it is written from the
-//          accumulators.
+//          accumulators. Staging it in the V ring instead (a TMA store; the producer holding the
+//          next tile's first V until the epilogue has read O out) ran 0.58-0.83 of this, with 270-310
+//          bytes of spills in the main loop (bench/results/h200_fwd_epilogues_2026-12-03.txt).
 // A second Q stage (the next tile's Q loading during this one) did not pay: d=128 601/605/620
 // with one stage against 581/612/617 with two (causal 463/577/578 against 440/569/584), d=64
 // within 3% either way (H200, 2026-11-29; the side-by-side log with two stages is

@@ -249,6 +249,33 @@ TEST_F(GpuForward, WarpgroupsSkipKeyTilesTheirRowsCannotSee) {
   }
 }
 
+// d = 192 and 256 have no O buffer of their own on the Hopper path: O goes from the accumulators
+// straight to global memory. More tiles than SMs, causal tiles whose rows see no key (seqlen_q >
+// seqlen_k: O = 0), fixed-length and varlen batches with empty key sequences.
+TEST_F(GpuForward, WideHeadsWriteOFromTheAccumulators) {
+  uint32_t seed = 390;
+  for (int64_t d : {192, 256})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.seqlen_q = 9000;  // 71 tiles of 128 rows per head: 284 > 132 SMs
+      c.seqlen_k = 200;
+      c.causal = causal;
+      c.head_dim = d;
+      check_case(c, seed++);
+      Case v;
+      v.head_dim = d;
+      v.causal = causal;
+      v.varlen_q = {300, 17, 0, 260, 129};
+      v.varlen_k = {0, 40, 5, 300, 129};
+      v.batch = 5;
+      v.heads_q = 4;
+      v.heads_kv = 2;
+      check_case(v, seed++);
+    }
+}
+
 TEST_F(GpuForward, VarlenWithEmptySequences) {
   uint32_t seed = 400;
   for (bool causal : {false, true})
