@@ -21,8 +21,8 @@
 //     cores.
 //   * epilogue: O / l through its own shared-memory buffer where it fits (swizzled, so free of bank
 //     conflicts) to a TMA store (fixed-length batches) or 16-byte global stores bounded by the
-//     sequence (varlen); where it does not fit (d = 256), straight from the accumulators. lse is
-//     written once.
+//     sequence (varlen); where it does not fit (d = 192, 256), straight from the accumulators in
+//     16-byte chunks, a quad's words transposed by shuffles. lse is written once.
 // Shared-memory tiles use the 128-byte swizzle that TMA writes and wgmma reads: a row of head_dim
 // elements is split into 64-element (128-byte) column blocks stored one after the other.
 #pragma once
@@ -523,11 +523,35 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         }
     };
     if constexpr (!T::kSeparateO) {
-      // Element pairs straight from the accumulators: a quad writes 16 contiguous bytes per row.
-      for_each_o_pair([&](int row, int col, uint32_t pair) {
-        if (row < w.rows_valid && col < D)
-          *reinterpret_cast<uint32_t*>(out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + col) = pair;
-      });
+      // Whole 16-byte chunks straight from the accumulators. A quad holds 4 bytes of each of four
+      // 8-column blocks of a row; a 4 x 4 transpose across the quad (two xor exchanges, each
+      // swapping one bit of the word index with one of the lane's) gives lane t all of block t, so
+      // a store writes 16 bytes where 4-byte pairs took four.
+      static_assert(T::kTileDim == D && T::kPvN % 32 == 0, "whole 32-column groups");
+      const bool t0 = (t & 1) != 0, t1 = (t & 2) != 0;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = row_a + 8 * rr;
+        E* orow = out + p.o_s.offset(w.b, w.q0 + w.r0 + row, w.h) + 8 * t;
+#pragma unroll
+        for (int part = 0; part < T::kPvParts; ++part)
+#pragma unroll
+          for (int jq = 0; jq < T::kPvN / 32; ++jq) {
+            uint32_t a[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const int i = 4 * (4 * jq + k) + 2 * rr;
+              a[k] = ptx::thread_pack2<E>(o[part][i] * inv[rr], o[part][i + 1] * inv[rr]);
+            }
+            const uint32_t x0 = __shfl_xor_sync(0xffffffffu, t0 ? a[0] : a[1], 1);
+            const uint32_t x1 = __shfl_xor_sync(0xffffffffu, t0 ? a[2] : a[3], 1);
+            const uint32_t d0 = t0 ? x0 : a[0], d1 = t0 ? a[1] : x0, d2 = t0 ? x1 : a[2], d3 = t0 ? a[3] : x1;
+            const uint32_t y0 = __shfl_xor_sync(0xffffffffu, t1 ? d0 : d2, 2);
+            const uint32_t y1 = __shfl_xor_sync(0xffffffffu, t1 ? d1 : d3, 2);
+            const uint4 e{t1 ? y0 : d0, t1 ? y1 : d1, t1 ? d2 : y0, t1 ? d3 : y1};
+            if (row < w.rows_valid) *reinterpret_cast<uint4*>(orow + part * T::kPvN + 32 * jq) = e;
+          }
+      }
       continue;
     }
     // Staged through shared memory in the swizzled layout (bank-conflict free, and what a TMA
