@@ -76,6 +76,15 @@ __global__ void special_kernel(const float* x, float* e, float* th, float* qmax,
   qsum[lane] = ptx::quad_sum(x[lane]);
 }
 
+// Each lane's four words name their lane and index (4 * lane + k), then the quad transposes them.
+__global__ void quad_transpose_kernel(uint32_t* out) {
+  const int lane = threadIdx.x;
+  uint32_t w[4];
+  for (int k = 0; k < 4; ++k) w[k] = uint32_t(4 * lane + k);
+  ptx::warp_quad_transpose(w, lane % 4);
+  for (int k = 0; k < 4; ++k) out[4 * lane + k] = w[k];
+}
+
 // pack2 then unpack2 (bf16 and fp16): each lane packs its pair and reads it back.
 __global__ void pack_unpack_kernel(const float* x, float* bf, float* hf) {
   const int lane = threadIdx.x;
@@ -458,6 +467,22 @@ TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
   EXPECT_EQ(e[5], 0.f);  // exp2(-inf) = 0: what masked scores rely on
   cudaFree(dx);
   for (auto p : d) cudaFree(p);
+}
+
+// Word k of lane t (t = lane % 4) is word t of the quad's lane k: what lets each lane of an
+// accumulator row store one whole 16-byte block (the Hopper forward's O at d = 192, 256).
+TEST_F(Ptx, QuadTransposeGivesEachLaneOneColumn) {
+  uint32_t* d = nullptr;
+  FA_CUDA_OK(cudaMalloc(&d, 128 * 4));
+  quad_transpose_kernel<<<1, 32>>>(d);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  auto out = to_host(d, 128);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int k = 0; k < 4; ++k) {
+      const int source_lane = (lane & ~3) + k, source_word = lane & 3;
+      EXPECT_EQ(out[4 * lane + k], uint32_t(4 * source_lane + source_word)) << "lane " << lane << " word " << k;
+    }
+  cudaFree(d);
 }
 
 // unpack2 inverts pack2: the low half is the first value, and each is the round-to-nearest-even

@@ -223,4 +223,22 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// A 4 x 4 transpose of 32-bit words across a quad: afterwards word k of lane t (t = lane % 4) is
+// what word t of lane k was. A quad's accumulator row holds 4 bytes of each of four 8-column blocks
+// per lane; transposed, each lane holds one whole 16-byte block, one store instead of four. Two
+// xor exchanges, each swapping one bit of the word index with the same bit of the lane's. Every
+// lane of the warp calls it, passing t = lane % 4.
+__device__ __forceinline__ void warp_quad_transpose(uint32_t (&w)[4], int t) {
+  const bool t0 = (t & 1) != 0, t1 = (t & 2) != 0;
+  const uint32_t x0 = __shfl_xor_sync(0xffffffffu, t0 ? w[0] : w[1], 1);
+  const uint32_t x1 = __shfl_xor_sync(0xffffffffu, t0 ? w[2] : w[3], 1);
+  const uint32_t d0 = t0 ? x0 : w[0], d1 = t0 ? w[1] : x0, d2 = t0 ? x1 : w[2], d3 = t0 ? w[3] : x1;
+  const uint32_t y0 = __shfl_xor_sync(0xffffffffu, t1 ? d0 : d2, 2);
+  const uint32_t y1 = __shfl_xor_sync(0xffffffffu, t1 ? d1 : d3, 2);
+  w[0] = t1 ? y0 : d0;
+  w[1] = t1 ? y1 : d1;
+  w[2] = t1 ? d2 : y0;
+  w[3] = t1 ? d3 : y1;
+}
+
 }  // namespace flashattn::cuda::ptx

@@ -523,12 +523,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         }
     };
     if constexpr (!T::kSeparateO) {
-      // Whole 16-byte chunks straight from the accumulators. A quad holds 4 bytes of each of four
-      // 8-column blocks of a row; a 4 x 4 transpose across the quad (two xor exchanges, each
-      // swapping one bit of the word index with one of the lane's) gives lane t all of block t, so
-      // a store writes 16 bytes where 4-byte pairs took four.
+      // Whole 16-byte chunks straight from the accumulators: a quad holds 4 bytes of each of four
+      // 8-column blocks of a row, and transposed across the quad lane t holds all of block t, so a
+      // store writes 16 bytes where 4-byte pairs took four.
       static_assert(T::kTileDim == D && T::kPvN % 32 == 0, "whole 32-column groups");
-      const bool t0 = (t & 1) != 0, t1 = (t & 2) != 0;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int row = row_a + 8 * rr;
@@ -543,13 +541,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
               const int i = 4 * (4 * jq + k) + 2 * rr;
               a[k] = ptx::thread_pack2<E>(o[part][i] * inv[rr], o[part][i + 1] * inv[rr]);
             }
-            const uint32_t x0 = __shfl_xor_sync(0xffffffffu, t0 ? a[0] : a[1], 1);
-            const uint32_t x1 = __shfl_xor_sync(0xffffffffu, t0 ? a[2] : a[3], 1);
-            const uint32_t d0 = t0 ? x0 : a[0], d1 = t0 ? a[1] : x0, d2 = t0 ? x1 : a[2], d3 = t0 ? a[3] : x1;
-            const uint32_t y0 = __shfl_xor_sync(0xffffffffu, t1 ? d0 : d2, 2);
-            const uint32_t y1 = __shfl_xor_sync(0xffffffffu, t1 ? d1 : d3, 2);
-            const uint4 e{t1 ? y0 : d0, t1 ? y1 : d1, t1 ? d2 : y0, t1 ? d3 : y1};
-            if (row < w.rows_valid) *reinterpret_cast<uint4*>(orow + part * T::kPvN + 32 * jq) = e;
+            ptx::warp_quad_transpose(a, t);
+            if (row < w.rows_valid)
+              *reinterpret_cast<uint4*>(orow + part * T::kPvN + 32 * jq) = uint4{a[0], a[1], a[2], a[3]};
           }
       }
       continue;
