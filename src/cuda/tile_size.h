@@ -196,13 +196,14 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 //   d=256: 2 x 80 (block_n 64: 548/635 in an earlier sweep); non-causal with ping-pong
 //          (685/716/717; 628/699/729 without), causal dynamic without (498/621/704; static
 //          485/572/470). O does not fit beside Q, K and V (224 KB), so it is written from the
-//          accumulators, in 16-byte chunks after a quad transpose by shuffles: against 4-byte
-//          pairs, in one sweep binary over two rounds (bench/results/h200_fwd_epilogues_2026-12-03.txt,
-//          call 5), 2k / 4k / 8k: non-causal 682 -> 750, 678 -> 782, 706 -> 722 and 685 -> 743, 708
-//          -> 714, 721 -> 713; causal 488 -> 549, 611 -> 633, 655 -> 688 and 487 -> 519, 589 -> 658,
-//          627 -> 672 TFLOP/s (d=192 takes the same path, unmeasured). Staging it in the V ring instead (a TMA store; the producer holding the
-//          next tile's first V until the epilogue has read O out) ran 0.58-0.83 of this, with 270-310
-//          bytes of spills in the main loop (bench/results/h200_fwd_epilogues_2026-12-03.txt).
+//          accumulators, in 16-byte chunks after a quad transpose by shuffles. Against 4-byte
+//          pairs, one sweep binary each, two rounds (bench/results/h200_fwd_epilogues_2026-12-03.txt,
+//          call 5), 2k / 4k / 8k: non-causal 682 -> 750, 678 -> 782, 706 -> 722 and 685 -> 743,
+//          708 -> 714, 721 -> 713; causal 488 -> 549, 611 -> 633, 655 -> 688 and 487 -> 519,
+//          589 -> 658, 627 -> 672 TFLOP/s (d=192 takes the same path, unmeasured). Staging O in
+//          the V ring instead (a TMA store; the producer holding the next tile's first V until the
+//          epilogue has read O out) ran 0.58-0.83 of the pairs, with 270-310 bytes of spills in
+//          the main loop (same log).
 // A second Q stage (the next tile's Q loading during this one) did not pay: d=128 601/605/620
 // with one stage against 581/612/617 with two (causal 463/577/578 against 440/569/584), d=64
 // within 3% either way (H200, 2026-11-29; the side-by-side log with two stages is

@@ -161,52 +161,29 @@ __global__ void turn_kernel(int* turn, int* log, int* ran, bool bulk) {
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The stmatrix tests' registers: lane L holds (row L/4, cols 2(L%4), 2(L%4)+1) of each of four 8x8
+// stmatrix (plain and .trans): lane L holds (row L/4, cols 2(L%4), 2(L%4)+1) of each of four 8x8
 // matrices of a 16x16 tile of indices (matrix j = row block j & 1, column block j >> 1), as an mma
-// accumulator pair. The tile they store into (16 rows padded to 24 elements) starts all ones.
-__device__ void stmatrix_test_setup(uint16_t (&tile)[16 * 24], uint32_t (&r)[4]) {
-  const int lane = int(threadIdx.x), g = lane / 4, t = lane % 4;
+// accumulator pair; the stored tile must be the tile itself, or its transpose. Rows are padded to 24
+// elements and the two column blocks swapped in odd rows, so neither the row nor the column
+// addresses are one stride.
+__global__ void stmatrix_kernel(uint16_t* out, int* ran, bool trans) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ __align__(16) uint16_t tile[16 * 24];
+  const int lane = int(threadIdx.x), g = lane / 4, t = lane % 4, j = lane >> 3;
   for (int i = lane; i < 16 * 24; i += 32) tile[i] = 0xffff;
   __syncwarp();
-  for (int j = 0; j < 4; ++j) {
-    const int row = 8 * (j & 1) + g, col = 8 * (j >> 1) + 2 * t;
-    r[j] = uint32_t(row * 16 + col) | (uint32_t(row * 16 + col + 1) << 16);
-  }
-}
-#endif
-
-// stmatrix (not transposed): the stored tile must be the tile itself. The two column blocks are
-// swapped in odd rows (and rows padded), so neither the row nor the column addresses are one stride.
-__global__ void stmatrix_kernel(uint16_t* out, int* ran) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ __align__(16) uint16_t tile[16 * 24];
-  uint32_t r[4];
-  stmatrix_test_setup(tile, r);
   auto at = [](int row, int col) { return row * 24 + (((col >> 3) ^ (row & 1)) << 3) + (col & 7); };
-  const int lane = int(threadIdx.x), j = lane >> 3;
-  ptx::warp_stmatrix_x4(r, &tile[at(8 * (j & 1) + (lane & 7), 8 * (j >> 1))]);
+  uint32_t r[4];
+  for (int m = 0; m < 4; ++m) {
+    const int row = 8 * (m & 1) + g, col = 8 * (m >> 1) + 2 * t;
+    r[m] = uint32_t(row * 16 + col) | (uint32_t(row * 16 + col + 1) << 16);
+  }
+  if (trans)  // stored row (lane & 7) of matrix j is source column 8 (j >> 1) + (lane & 7)
+    ptx::warp_stmatrix_x4_trans(r, &tile[at(8 * (j >> 1) + (lane & 7), 8 * (j & 1))]);
+  else
+    ptx::warp_stmatrix_x4(r, &tile[at(8 * (j & 1) + (lane & 7), 8 * (j >> 1))]);
   __syncwarp();
   for (int i = lane; i < 256; i += 32) out[i] = tile[at(i / 16, i % 16)];
-  if (lane == 0) *ran = 1;
-#else
-  if (threadIdx.x == 0) *ran = 0;
-#endif
-}
-
-// stmatrix .trans: the stored tile must be the transpose. Rows are padded to 24 elements, so the
-// row addresses are not one stride.
-__global__ void stmatrix_trans_kernel(uint16_t* out, int* ran) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ __align__(16) uint16_t tile[16 * 24];
-  uint32_t r[4];
-  stmatrix_test_setup(tile, r);
-  // Stored row (lane & 7) of matrix (lane >> 3) is source column 8 (j >> 1) + (lane & 7), and
-  // holds source rows 8 (j & 1) .. + 7.
-  const int lane = int(threadIdx.x), j = lane >> 3, srow = 8 * (j >> 1) + (lane & 7), scol = 8 * (j & 1);
-  ptx::warp_stmatrix_x4_trans(r, &tile[srow * 24 + scol]);
-  __syncwarp();
-  for (int i = lane; i < 256; i += 32) out[i] = tile[(i / 16) * 24 + i % 16];
   if (lane == 0) *ran = 1;
 #else
   if (threadIdx.x == 0) *ran = 0;
@@ -526,14 +503,14 @@ TEST_F(Ptx, RedAddF32x2SumsEveryThread) {
   cudaFree(d);
 }
 
-// Runs one of the stmatrix test kernels on one warp; `got` is the 16x16 tile it read back, or
-// empty where the device has no stmatrix (before sm90).
-void run_stmatrix_kernel(void (*kernel)(uint16_t*, int*), std::vector<uint16_t>& got) {
+// Runs the stmatrix test kernel on one warp; `got` is the 16x16 tile it read back, or empty where
+// the device has no stmatrix (before sm90).
+void run_stmatrix_kernel(bool trans, std::vector<uint16_t>& got) {
   uint16_t* d_out = nullptr;
   int* ran = nullptr;
   FA_CUDA_OK(cudaMalloc(&d_out, 256 * 2));
   FA_CUDA_OK(cudaMalloc(&ran, 4));
-  kernel<<<1, 32>>>(d_out, ran);
+  stmatrix_kernel<<<1, 32>>>(d_out, ran, trans);
   FA_CUDA_OK(cudaDeviceSynchronize());
   got.clear();
   if (to_host(ran, 1)[0]) got = to_host(d_out, 256);
@@ -543,14 +520,14 @@ void run_stmatrix_kernel(void (*kernel)(uint16_t*, int*), std::vector<uint16_t>&
 
 TEST_F(Ptx, StmatrixStoresAccumulatorPairsAsTheyAreOnHopper) {
   std::vector<uint16_t> got;
-  ASSERT_NO_FATAL_FAILURE(run_stmatrix_kernel(stmatrix_kernel, got));
+  ASSERT_NO_FATAL_FAILURE(run_stmatrix_kernel(false, got));
   if (got.empty()) GTEST_SKIP() << "stmatrix needs sm90";
   for (int i = 0; i < 256; ++i) EXPECT_EQ(got[i], i) << i / 16 << "," << i % 16;
 }
 
 TEST_F(Ptx, StmatrixTransStoresTheTransposeOnHopper) {
   std::vector<uint16_t> got;
-  ASSERT_NO_FATAL_FAILURE(run_stmatrix_kernel(stmatrix_trans_kernel, got));
+  ASSERT_NO_FATAL_FAILURE(run_stmatrix_kernel(true, got));
   if (got.empty()) GTEST_SKIP() << "stmatrix needs sm90";
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) EXPECT_EQ(got[r * 16 + c], c * 16 + r) << r << "," << c;

@@ -211,7 +211,7 @@ __device__ __forceinline__ float2 thread_unpack2<__half>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
-// ---- quad reductions (the 4 lanes that share a fragment row) -------------------------------------
+// ---- quad reductions and exchanges (the 4 lanes that share a fragment row) -------------------
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

@@ -497,7 +497,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 #pragma unroll
           for (int q = 0; q < BM / 16; ++q)
             ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
-                                  sdSs + swizzled_offset<BN>(key_a - g + 8 * (jb & 1) + (lane & 7), 16 * q + 8 * (jb >> 1)));
+                                  sdSs + swizzled_offset<BN>(key_a - g + 8 * (jb & 1) + (lane & 7),
+                                                             16 * q + 8 * (jb >> 1)));
         }
         ptx::thread_fence_proxy_async_smem();
 

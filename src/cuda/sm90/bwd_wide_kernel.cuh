@@ -279,9 +279,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     // P^T and dS^T as they are, [key][query]: pf[j], dsf[j] are the 8 x 8 blocks (keys 8 (j & 1),
     // queries 8 (j >> 1)) of the warp's 16 keys in accumulator layout, stored four blocks at a
     // time; lane L addresses key row L & 7 of block 4 q + (L >> 3).
+    const int jb = lane >> 3;
 #pragma unroll
     for (int q = 0; q < BM / 16; ++q) {
-      const int jb = lane >> 3;
       const uint32_t row_at = swizzled_offset<BN>(key_a - g + 8 * (jb & 1) + (lane & 7), 16 * q + 8 * (jb >> 1));
       ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * q]), sP + row_at);
       ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]), sdS + row_at);
