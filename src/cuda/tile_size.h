@@ -207,7 +207,12 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 // A second Q stage (the next tile's Q loading during this one) did not pay: d=128 601/605/620
 // with one stage against 581/612/617 with two (causal 463/577/578 against 440/569/584), d=64
 // within 3% either way (H200, 2026-11-29; the side-by-side log with two stages is
-// bench/results/h200_hopper_fwd_qstages2_2026-11-29.txt).
+// bench/results/h200_hopper_fwd_qstages2_2026-11-29.txt). Again at short sequences (2026-12-03,
+// bench/results/h200_session22_2026-12-03.txt, call 2; both kernels with the main loop's V wait
+// moved before the S fence, a variant not kept), second round at 512 / 1k / 2k / 4k, two stages
+// against one: d=64 1.02 / 0.99 / 1.01 / 1.01 (causal 1.01 / 1.00 / 1.00 / 0.99), d=128 1.01 /
+// 1.01 / 1.00 / 1.00 (causal 1.04 / 1.00 / 1.00 / 1.00): the Q load is not what costs short
+// sequences their speed.
 // Since the ping-pong turn ring runs on across work tiles (one warpgroup's epilogue under the
 // next one's first GEMMs; bench/results/h200_hopper_fwd_ring_2026-11-29.txt, one build, sdpa_compare,
 // TFLOP/s at 2k/4k/8k/16k, ring per tile -> across tiles): d=64 non-causal 437/444/472/477 ->
@@ -229,7 +234,7 @@ struct HopperFwdTile {
   int stages;
   bool ping_pong;
   bool dynamic;
-  int q_stages;  // 2: the next tile's Q loads during this one's last steps (needs the O buffer)
+  int q_stages;  // 2: the next tile's Q loads during this one's last steps
   // Each consumer warpgroup computes only the key tiles its own 64 rows see, and masks only its
   // own boundary tiles. Under a causal mask the first warpgroups of a 192 x 128 tile (d=64) stop a
   // key tile short of the last: by the tile arithmetic the keys computed past the diagonal at

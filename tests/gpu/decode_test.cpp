@@ -195,15 +195,6 @@ std::vector<int64_t> all_sequences(const Problem& p) {
   return v;
 }
 
-// Does this build have a decode kernel for (head dim >= d, dtype)? Subset builds skip the rest.
-bool have_kernel(int64_t d, DType t) {
-  const std::string list = flashattn::build_info().cuda_kernels;
-  for (int64_t h : {32, 64, 96, 128, 192, 256})
-    if (h >= d && list.find("decode hdim" + std::to_string(h) + " " + flashattn::dtype_name(t)) != std::string::npos)
-      return true;
-  return false;
-}
-
 // Runs decode(args) on the GPU; checks out / lse against the reference and the caches bitwise.
 // Returns the output values (for comparisons between runs).
 std::vector<double> run_and_check(const Case& c, uint32_t seed) {
@@ -308,11 +299,7 @@ TEST_F(GpuDecode, HeadDimsAndDtypes) {
   uint32_t seed = 300;
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {32, 64, 72, 96, 128, 192, 256}) {
-      if (!have_kernel(d, t)) {
-        std::printf("  (no decode kernel for head_dim %lld %s in this build: skipped)\n", (long long)d,
-                    flashattn::dtype_name(t));
-        continue;
-      }
+      if (skip_unbuilt("decode", d, t)) continue;
       Case c;
       c.dtype = t;
       c.d = d;
