@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -95,19 +97,16 @@ class ScopedEnv {
 // those cases, saying so, rather than fail on kernels that were never built. A full build has them
 // all, so nothing is skipped there.
 inline bool have_kernel(const char* kind, int64_t d, flashattn::DType t) {
+  // Entries read "<kind> [path] hdim<N> <dtype> sm<arch>", comma-separated.
   std::istringstream list(flashattn::build_info().cuda_kernels);
   std::string entry;
   while (std::getline(list, entry, ',')) {
-    std::istringstream words(entry);
-    std::string first, w, prev;
-    words >> first;
-    if (first != kind) continue;
-    int64_t hdim = -1;
-    while (words >> w) {
-      if (w.rfind("hdim", 0) == 0) hdim = std::stoll(w.substr(4));
-      if (prev.rfind("hdim", 0) == 0 && w == flashattn::dtype_name(t) && hdim >= d) return true;
-      prev = w;
-    }
+    std::istringstream in(entry);
+    const std::vector<std::string> w{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+    if (w.empty() || w[0] != kind) continue;
+    for (size_t i = 1; i + 1 < w.size(); ++i)
+      if (w[i].rfind("hdim", 0) == 0 && std::stoll(w[i].substr(4)) >= d && w[i + 1] == flashattn::dtype_name(t))
+        return true;
   }
   return false;
 }

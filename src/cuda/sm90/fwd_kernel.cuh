@@ -95,7 +95,7 @@ struct FwdTraits {
   static constexpr bool kSeparateO = kSmemNoO + kQBytes <= 227 * 1024;
   static constexpr int kSmemBytes = kSmemNoO + (kSeparateO ? kQBytes : 0);
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
-  static_assert(kQStages == 1 || kQStages == 2, "Q stages");
+  static_assert(kQStages == 1 || kQStages == 2, "one or two Q stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
