@@ -13,19 +13,21 @@
 
 namespace fa = flashattn;
 
-// Own key tiles per warpgroup as the library's table has them for this head dim.
-template <int BN, int WG, int ST, bool PP, int QS = 1, bool OWN = fa::cuda::hopper_fwd_tile(SWEEP_HDIM, false).own_tiles>
+// Own key tiles per warpgroup and the O epilogue as the library's table has them for this head dim.
+template <int BN, int WG, int ST, bool PP, int QS = 1, bool OWN = fa::cuda::hopper_fwd_tile(SWEEP_HDIM, false).own_tiles,
+          bool STAGE_O = fa::cuda::hopper_fwd_tile(SWEEP_HDIM, false).stage_o>
 void time_config(const fa::core::ForwardParams& p, bool causal, bool dynamic = false) {
-  using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, sweep::E, BN, WG, ST, PP, QS, OWN>;
+  using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, sweep::E, BN, WG, ST, PP, QS, OWN, STAGE_O>;
   const double med = sweep::median_ms([&] {
     if (!fa::cuda::launch_forward_hopper<T>(p, nullptr, dynamic)) {
       std::printf("TMA map rejected\n");
       std::exit(1);
     }
   });
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d wgs=%d stages=%d pingpong=%d dynamic=%d q_stages=%d own=%d  %7.3f ms  "
-              "%6.1f TFLOP/s\n",
-              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, WG, ST, int(PP), int(dynamic), QS, int(OWN), med,
+  std::printf("d=%d causal=%d s=%5ld  block_n=%3d wgs=%d stages=%d pingpong=%d dynamic=%d q_stages=%d own=%d "
+              "o_buffer=%d  %7.3f ms  %6.1f TFLOP/s\n",
+              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, WG, ST, int(PP), int(dynamic), QS, int(OWN),
+              int(T::kSeparateO), med,
               sweep::tflops(p, causal, med));
 }
 

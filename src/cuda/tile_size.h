@@ -192,7 +192,9 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 //          sweep); causal 3 x 128, dynamic, no ping-pong (339/439/445; 2 warpgroups 328/429/442,
 //          with ping-pong 323/431/451); 3 warpgroups get 160 registers each and spill a little;
 //   d=128: 2 x 128 with ping-pong (602/611/619; 517/553/580 without); causal dynamic (457/602/586
-//          against 451/547/531 static); block_n 112 and 176 were slower (176 spills);
+//          against 451/547/531 static); block_n 112 and 176 were slower (176 spills), and so were
+//          144 and 160 (no spills in the main loop) from 512 to 4k, equal at 8k-16k
+//          (bench/results/h200_session23_2026-12-03.txt, call 2);
 //   d=256: 2 x 80 (block_n 64: 548/635 in an earlier sweep); non-causal with ping-pong
 //          (685/716/717; 628/699/729 without), causal dynamic without (498/621/704; static
 //          485/572/470). O does not fit beside Q, K and V (224 KB), so it is written from the
@@ -244,6 +246,14 @@ struct HopperFwdTile {
   // both; its main loop is 699 instructions against 732); d=128 +0-4% (no tile skipped at 128 x
   // 128; the same kernel for both); causal d=256 (128 x 80) -1% to 0%, so d=192/256 do without.
   bool own_tiles;
+  // O / l through its own shared-memory buffer to a TMA store where it fits; false: straight from
+  // the accumulators in 16-byte chunks (the d = 192, 256 epilogue, whose O buffer does not fit).
+  // d=64 goes straight: no epilogue barriers or proxy fence, and ptxas spills 16 bytes instead of
+  // 156. Against staged O (H200, bench/ab_compare.py, 3 rounds, bench/results/
+  // h200_session23_2026-12-03.txt, call 4), B/A at 512 / 2k / 8k: d=64 1.020 / 1.007 / 1.001, causal
+  // 1.029 / 1.020 / 1.004; d=128 0.973 / 0.998 / 0.985, causal 0.995 / 0.993 / 1.008, so d=128 (and
+  // d=96, in its tiles) keeps the buffer; 3 K/V stages in the freed 32 KB ran 0.96-1.0 of 2 there.
+  bool stage_o = true;
 };
 
 // d=96 runs in d=128 tiles (the same shared memory and registers; S = Q K^T takes 6 k-steps
@@ -255,7 +265,7 @@ struct HopperFwdTile {
 // 2k / 8k, bench/results/h200_hopper_fwd_ring_2026-11-29.txt): d=96 491 (1.08) / 491 (1.05),
 // causal 371 (1.00) / 454 (1.07); d=192 584 (0.96) / 670 (1.07), causal 478 (0.94) / 629 (1.11).
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
-  if (head_dim <= 64) return {128, 3, 2, true, causal, 1, true};
+  if (head_dim <= 64) return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false};
   if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true};  // 96 and 128
   if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false};
   return {80, 2, 2, !causal, causal, 1, false};

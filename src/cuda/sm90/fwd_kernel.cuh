@@ -19,10 +19,11 @@
 //   * ping-pong (kPingPong): the consumer warpgroups take turns issuing their GEMMs (named
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
 //     cores.
-//   * epilogue: O / l through its own shared-memory buffer where it fits (swizzled, so free of bank
-//     conflicts) to a TMA store (fixed-length batches) or 16-byte global stores bounded by the
-//     sequence (varlen); where it does not fit (d = 192, 256), straight from the accumulators in
-//     16-byte chunks, a quad's words transposed by shuffles. lse is written once.
+//   * epilogue: O / l through its own shared-memory buffer (swizzled, so free of bank conflicts) to
+//     a TMA store (fixed-length batches) or 16-byte global stores bounded by the sequence (varlen),
+//     where the tile table asks for it and it fits (d = 96, 128); else (d = 64, 192, 256) straight
+//     from the accumulators in 16-byte chunks, a quad's words transposed by shuffles. lse is
+//     written once.
 // Shared-memory tiles use the 128-byte swizzle that TMA writes and wgmma reads: a row of head_dim
 // elements is split into 64-element (128-byte) column blocks stored one after the other.
 #pragma once
@@ -56,7 +57,7 @@ struct FwdParams {
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
-          int kQStages_ = 1, bool kOwnTiles_ = true>
+          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true>
 struct FwdTraits {
   using Element = Element_;
   // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
@@ -92,7 +93,8 @@ struct FwdTraits {
   // Tiles start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 bytes and the
   // descriptors assume it starts on such a boundary); the slack covers aligning the dynamic base.
   static constexpr int kSmemNoO = 1024 + kQStages * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
-  static constexpr bool kSeparateO = kSmemNoO + kQBytes <= 227 * 1024;
+  // O's own buffer: where the tile table stages O (stage_o) and it fits beside Q, K and V.
+  static constexpr bool kSeparateO = kStageO_ && kSmemNoO + kQBytes <= 227 * 1024;
   static constexpr int kSmemBytes = kSmemNoO + (kSeparateO ? kQBytes : 0);
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= 192, "tile shape");
   static_assert(kQStages == 1 || kQStages == 2, "one or two Q stages");
