@@ -252,7 +252,8 @@ struct HopperFwdTile {
   // 156. Against staged O (H200, bench/ab_compare.py, 3 rounds, bench/results/
   // h200_session23_2026-12-03.txt, call 4), B/A at 512 / 2k / 8k: d=64 1.020 / 1.007 / 1.001, causal
   // 1.029 / 1.020 / 1.004; d=128 0.973 / 0.998 / 0.985, causal 0.995 / 0.993 / 1.008, so d=128 (and
-  // d=96, in its tiles) keeps the buffer; 3 K/V stages in the freed 32 KB ran 0.96-1.0 of 2 there.
+  // d=96, in its tiles) keeps the buffer; 3 K/V stages in the freed 32 KB ran 0.96-1.0 of 2 there
+  // (sweep, second rounds at 512-4k and causal 8k).
   bool stage_o = true;
 };
 
