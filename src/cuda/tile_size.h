@@ -251,9 +251,10 @@ struct HopperFwdTile {
   // d=64 goes straight: no epilogue barriers or proxy fence, and ptxas spills 16 bytes instead of
   // 156. Against staged O (H200, bench/ab_compare.py, 3 rounds, bench/results/
   // h200_session23_2026-12-03.txt, call 4), B/A at 512 / 2k / 8k: d=64 1.020 / 1.007 / 1.001, causal
-  // 1.029 / 1.020 / 1.004; d=128 0.973 / 0.998 / 0.985, causal 0.995 / 0.993 / 1.008, so d=128 (and
-  // d=96, in its tiles) keeps the buffer; 3 K/V stages in the freed 32 KB ran 0.96-1.0 of 2 there
-  // (sweep, second rounds at 512-4k and causal 8k).
+  // 1.029 / 1.020 / 1.004; d=128 0.973 / 0.998 / 0.985, causal 0.995 / 0.993 / 1.008, so d=128
+  // keeps the buffer; 3 K/V stages in the freed 32 KB ran 0.96-1.0 of 2 there (sweep, second rounds
+  // at 512-4k and causal 8k). d=96 needs it: it runs in 128-column tiles, and the accumulator
+  // epilogue stores whole tile rows (fwd_kernel.cuh asserts kTileDim == d there).
   bool stage_o = true;
 };
 
