@@ -229,7 +229,11 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 // kernel and not kept (bench/results/h200_session9_2026-12-01.txt): one turn loop over a tile's
 // key tiles carrying its last P V into the next tile's first turn, with 2 Q stages, ran 0.83-0.96
 // of it (its loop took spills and branches); storing a tile's O only after the next tile's first
-// S was issued, with 2 Q stages, ran 0.73 at d <= 128 (d=256 unchanged).
+// S was issued, with 2 Q stages, ran 0.73 at d <= 128 (d=256 unchanged). A third, with the steady
+// loop untouched (no spills there): a tile's last P V and the next tile's first S in one turn, the
+// next softmax under that P V and the epilogue after it, where every warpgroup of both tiles visits
+// all key tiles; against this kernel in one binary, d=128 0.87-0.96 at 512-4k, d=64 0.92-0.97, and a
+// prefetch of the next tile's Q into L2 gained nothing (bench/results/h200_session24_2026-12-03.txt).
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
