@@ -28,11 +28,12 @@ def main():
     p.add_argument("--pages", default="0", help="cache layouts: 0 = contiguous, else tokens per page")
     p.add_argument("--rows", default=",".join(f"{b}x{kv}" for b, kv in ROWS), help="BATCHxKV,...")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--splits", type=int, default=0, help="split count forced on both builds (0: each plans its own)")
     a = p.parse_args()
     libs = {"A": load(a.lib_a), "B": load(a.lib_b)}
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     print(f"A = {a.lib_a}\nB = {a.lib_b}")
-    print(f"{'b':>3} {'kv':>7} {'page':>5} | {'A us':>7} {'B us':>7} {'cdn us':>7} |"
+    print(f"{'b':>3} {'kv':>7} {'page':>5} {'A/B splits':>5} | {'A us':>7} {'B us':>7} {'cdn us':>7} |"
           f" {'B/A':>5} {'cud/A':>5} {'cud/B':>5} | A rounds / B rounds (us)")
     for row in a.rows.split(","):
         b, kv = (int(x) for x in row.split("x"))
@@ -45,7 +46,7 @@ def main():
             cud = 1e3 * median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
         del qt, kt, vt
         for page in (int(x) for x in a.pages.split(",")):
-            ours = {key: Ours(lib, q, k, v, lens, page) for key, lib in libs.items()}
+            ours = {key: Ours(lib, q, k, v, lens, page, a.splits) for key, lib in libs.items()}
             graphs = {key: o.graph() for key, o in ours.items()}
             us = {"A": [], "B": []}
             for _ in range(a.rounds):
@@ -60,7 +61,8 @@ def main():
             diff = (outs[0] - outs[1]).abs().max().item()
             ma, mb = statistics.median(us["A"]), statistics.median(us["B"])
             rounds = " ".join(f"{x:.1f}" for x in us["A"]) + " / " + " ".join(f"{x:.1f}" for x in us["B"])
-            print(f"{b:3d} {kv:7d} {page:5d} | {ma:7.1f} {mb:7.1f} {cud:7.1f} | {mb / ma:5.3f} {cud / ma:5.2f} "
+            splits = "/".join(str(o.plan.num_splits) for o in ours.values())
+            print(f"{b:3d} {kv:7d} {page:5d} {splits:>5} | {ma:7.1f} {mb:7.1f} {cud:7.1f} | {mb / ma:5.3f} {cud / ma:5.2f} "
                   f"{cud / mb:5.2f} | {rounds} | diff {diff:.3g}", flush=True)
             del ours, graphs
             torch.cuda.empty_cache()
