@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""SM clock and board power while our forward and cuDNN's run back to back, in turns.
+
+On the H200 a long attention forward runs at the board's power cap, so the clock is whatever the
+power allows and a kernel's speed there is set by its energy per FLOP as much as by its schedule.
+This runs each kernel for --seconds of back-to-back calls (rounds in turns, after warm-up) while
+nvidia-smi samples the SM clock, power and temperature every 50 ms, and prints each run's TFLOP/s
+(CUDA events over the whole run) beside its mean clock and power (samples from 0.5 s in).
+
+  python3 bench/power_probe.py --lib build/libflashattn.so --d 128,64 --s 2048
+"""
+import argparse
+import ctypes as C
+import subprocess
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashattn_abi import BF16, F32, ForwardArgs, load, view
+
+
+def start_sampler(samples, stop):
+    def run():
+        p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                              "--format=csv,noheader,nounits", "-lms", "50"], stdout=subprocess.PIPE, text=True)
+        for line in p.stdout:
+            if stop.is_set():
+                break
+            try:
+                samples.append((time.time(), *(float(x) for x in line.split(","))))
+            except ValueError:
+                pass
+        p.terminate()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default="build/libflashattn.so")
+    p.add_argument("--d", default="128,64")
+    p.add_argument("--s", type=int, default=2048)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    lib = load(a.lib)
+    samples, stop = [], threading.Event()
+    start_sampler(samples, stop)
+    time.sleep(1.0)
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
+    for d in (int(x) for x in a.d.split(",")):
+        s, b, h = a.s, 16384 // a.s, 2048 // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        args = ForwardArgs()
+        args.struct_size = C.sizeof(ForwardArgs)
+        args.q, args.k, args.v, args.out, args.lse = view(q, BF16), view(k, BF16), view(v, BF16), view(out, BF16), view(lse, F32)
+        args.options.causal = a.causal
+        args.options.window_left = args.options.window_right = -1
+        args.options.stream = torch.cuda.current_stream().cuda_stream
+        ref = C.byref(args)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def ours():
+            if lib.flashattn_forward(ref) != 0:
+                raise RuntimeError(lib.flashattn_last_error().decode())
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal)
+
+        flop = 4 * b * h * s * s * d / (2 if a.causal else 1)
+        for rnd in range(a.rounds):
+            for name, fn in (("ours", ours), ("cudnn", cudnn)):
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0, n = time.time(), 0
+                e0.record()
+                while time.time() - t0 < a.seconds:
+                    for _ in range(50):
+                        fn()
+                    n += 50
+                    torch.cuda.synchronize()
+                e1.record()
+                torch.cuda.synchronize()
+                t1 = time.time()
+                win = [x for x in samples if t0 + 0.5 <= x[0] <= t1]
+                mean = lambda i: sum(x[i] for x in win) / max(len(win), 1)
+                print(f"d={d} causal={int(a.causal)} s={s} round {rnd} {name:5s}: {flop / (e0.elapsed_time(e1) / n) / 1e9:6.1f}"
+                      f" TFLOP/s over {n} calls | SM clock {mean(1):5.0f} MHz  power {mean(2):4.0f} W"
+                      f"  max temp {max((x[3] for x in win), default=0):.0f} C ({len(win)} samples)", flush=True)
+    stop.set()
+
+
+if __name__ == "__main__":
+    main()
