@@ -159,7 +159,7 @@ __device__ __forceinline__ bool cache_slot(const core::DecodeParams& p, const in
 // No minimum of CTAs per SM: at d = 128 the 16-row layout takes 240 registers, two CTAs per SM.
 // Capped for three (168 registers, about 70 KB of shared memory each) it ran 1.00-1.20x slower at
 // every anchor row, 1.06x even where the grid holds one CTA per SM
-// (bench/results/h200_session24_2026-12-03.txt, call 5).
+// (bench/results/h200_session24_2026-12-03.txt, call 4).
 template <class T>
 __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_constant__ DecodeLaunch L) {
   using E = typename T::Element;

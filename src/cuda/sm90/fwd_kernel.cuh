@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     // S = Q K^T: both operands K-major in shared memory; k16 steps walk 32 bytes inside a
     // 128-byte row, then jump to the next column block. (Q's fragments held in registers instead,
     // loaded once per work tile, ran 0.93-1.02x at d=128 and 0.68-0.90x at d=64, where they spill:
-    // bench/results/h200_session24_2026-12-03.txt, call 6.)
+    // bench/results/h200_session24_2026-12-03.txt, call 5.)
     auto issue_s = [&](float(&s)[BN / 2], int stage) {
       const uint64_t k_desc = ptx::make_smem_desc_sw128(sK + stage * T::kKVBytes, 16, 1024);
 #pragma unroll
