@@ -33,7 +33,7 @@ def main():
     libs = {"A": load(a.lib_a), "B": load(a.lib_b)}
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     print(f"A = {a.lib_a}\nB = {a.lib_b}")
-    print(f"{'b':>3} {'kv':>7} {'page':>5} {'A/B splits':>5} | {'A us':>7} {'B us':>7} {'cdn us':>7} |"
+    print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits A/B':>10} | {'A us':>7} {'B us':>7} {'cdn us':>7} |"
           f" {'B/A':>5} {'cud/A':>5} {'cud/B':>5} | A rounds / B rounds (us)")
     for row in a.rows.split(","):
         b, kv = (int(x) for x in row.split("x"))
@@ -62,7 +62,7 @@ def main():
             ma, mb = statistics.median(us["A"]), statistics.median(us["B"])
             rounds = " ".join(f"{x:.1f}" for x in us["A"]) + " / " + " ".join(f"{x:.1f}" for x in us["B"])
             splits = "/".join(str(o.plan.num_splits) for o in ours.values())
-            print(f"{b:3d} {kv:7d} {page:5d} {splits:>5} | {ma:7.1f} {mb:7.1f} {cud:7.1f} | {mb / ma:5.3f} {cud / ma:5.2f} "
+            print(f"{b:3d} {kv:7d} {page:5d} {splits:>10} | {ma:7.1f} {mb:7.1f} {cud:7.1f} | {mb / ma:5.3f} {cud / ma:5.2f} "
                   f"{cud / mb:5.2f} | {rounds} | diff {diff:.3g}", flush=True)
             del ours, graphs
             torch.cuda.empty_cache()

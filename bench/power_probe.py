@@ -10,7 +10,6 @@ nvidia-smi samples the SM clock, power and temperature every 50 ms, and prints e
   python3 bench/power_probe.py --lib build/libflashattn.so --d 128,64 --s 2048
 """
 import argparse
-import ctypes as C
 import subprocess
 import threading
 import time
@@ -19,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashattn_abi import BF16, F32, ForwardArgs, load, view
+from ab_compare import Problem, runner
+from anchor_sweep import flops
+from flashattn_abi import load
 
 
 def start_sampler(samples, stop):
@@ -54,27 +55,15 @@ def main():
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     for d in (int(x) for x in a.d.split(",")):
         s, b, h = a.s, 16384 // a.s, 2048 // d
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        args = ForwardArgs()
-        args.struct_size = C.sizeof(ForwardArgs)
-        args.q, args.k, args.v, args.out, args.lse = view(q, BF16), view(k, BF16), view(v, BF16), view(out, BF16), view(lse, F32)
-        args.options.causal = a.causal
-        args.options.window_left = args.options.window_right = -1
-        args.options.stream = torch.cuda.current_stream().cuda_stream
-        ref = C.byref(args)
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def ours():
-            if lib.flashattn_forward(ref) != 0:
-                raise RuntimeError(lib.flashattn_last_error().decode())
+        prob = Problem(b, s, h, d, a.causal)
+        ours = runner(lib, prob, "fwd")
+        qt, kt, vt = (x.transpose(1, 2) for x in (prob.q, prob.k, prob.v))
 
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal)
 
-        flop = 4 * b * h * s * s * d / (2 if a.causal else 1)
+        flop = flops(b, h, s, d, a.causal)
         for rnd in range(a.rounds):
             for name, fn in (("ours", ours), ("cudnn", cudnn)):
                 for _ in range(20):
