@@ -517,18 +517,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         static_cast<float*>(p.lse)[p.lse_s.offset(w.b, w.q0 + w.r0 + row, w.h)] = core::finalize_lse(row_max[rr], l);
     }
     E* out = static_cast<E*>(p.out);
-    // Every normalized pair (o[part][i], o[part][i + 1]) of this thread, as 16-bit values packed
-    // into 4 bytes, with its row and column in the tile.
-    auto for_each_o_pair = [&](auto&& store) {
-#pragma unroll
-      for (int part = 0; part < T::kPvParts; ++part)
-#pragma unroll
-        for (int i = 0; i < T::kPvN / 2; i += 2) {
-          const float f = inv[(i >> 1) & 1];
-          store(row_a + 8 * ((i >> 1) & 1), part * T::kPvN + 8 * (i >> 2) + 2 * t,
-                ptx::thread_pack2<E>(o[part][i] * f, o[part][i + 1] * f));
-        }
-    };
     if constexpr (!T::kSeparateO) {
       // Whole 16-byte chunks straight from the accumulators: a quad holds 4 bytes of each of four
       // 8-column blocks of a row, and transposed across the quad lane t holds all of block t, so a
@@ -559,8 +547,24 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     // store reads); the previous tile's store must have finished reading it first.
     if (tid == 0) ptx::thread_bulk_wait_read_all();
     ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
-    for_each_o_pair(
-        [&](int row, int col, uint32_t pair) { *reinterpret_cast<uint32_t*>(sO + swizzled_offset<BM>(row, col)) = pair; });
+    {
+      // By stmatrix, 16 columns of the warp's 16 rows per instruction (8 at d=128, where 4-byte
+      // pairs took 32 stores). o[part][8q .. 8q+7] are the four 8 x 8 blocks of columns 16q..16q+15
+      // in accumulator layout: rows g and g + 8 of column block 2q, then of 2q + 1. Lane L
+      // addresses row L & 7 of block L >> 3.
+      const int mat = lane >> 3;
+      const int st_row = 64 * cwg + 16 * warp + 8 * (mat & 1) + (lane & 7);
+#pragma unroll
+      for (int part = 0; part < T::kPvParts; ++part)
+#pragma unroll
+        for (int q = 0; q < T::kPvN / 16; ++q) {
+          uint32_t r[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            r[k] = ptx::thread_pack2<E>(o[part][8 * q + 2 * k] * inv[k & 1], o[part][8 * q + 2 * k + 1] * inv[k & 1]);
+          ptx::warp_stmatrix_x4(r, sO + swizzled_offset<BM>(st_row, part * T::kPvN + 16 * q + 8 * (mat >> 1)));
+        }
+    }
     if (tma_store) ptx::thread_fence_proxy_async_smem();
     ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
     if (tma_store) {
