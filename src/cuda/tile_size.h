@@ -234,6 +234,10 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 // next softmax under that P V and the epilogue after it, where every warpgroup of both tiles visits
 // all key tiles; against this kernel in one binary, d=128 0.87-0.96 at 512-4k, d=64 0.92-0.97, and a
 // prefetch of the next tile's Q into L2 gained nothing (bench/results/h200_session24_2026-12-03.txt).
+// A fourth: the producer working out each work tile (the scheduler's and the mask's divisions) and
+// handing it to the consumers through shared memory, which cut their instructions by 13% but made
+// them spill 13 words: 0.97-1.02 at d=128, 1.00-1.03 at d=64 (bench/results/
+// h200_session25_2026-12-03.txt, call 1).
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
@@ -258,7 +262,10 @@ struct HopperFwdTile {
   // 1.029 / 1.020 / 1.004; d=128 0.973 / 0.998 / 0.985, causal 0.995 / 0.993 / 1.008, so d=128
   // keeps the buffer; 3 K/V stages in the freed 32 KB ran 0.96-1.0 of 2 there (sweep, second rounds
   // at 512-4k and causal 8k). d=96 needs it: it runs in 128-column tiles, and the accumulator
-  // epilogue stores whole tile rows (fwd_kernel.cuh asserts kTileDim == d there).
+  // epilogue stores whole tile rows (fwd_kernel.cuh asserts kTileDim == d there). O reaches the
+  // buffer by stmatrix (8 instructions per thread at d=128 where 4-byte pairs took 32; the consumer
+  // warpgroups then spill nothing, 104 bytes before): B/A 0.99-1.04 at d=128, 512-16k, causal and
+  // not, geometric mean 1.008 (bench/results/h200_session25_2026-12-03.txt, call 1).
   bool stage_o = true;
 };
 

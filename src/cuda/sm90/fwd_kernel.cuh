@@ -19,8 +19,8 @@
 //   * ping-pong (kPingPong): the consumer warpgroups take turns issuing their GEMMs (named
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
 //     cores.
-//   * epilogue: O / l through its own shared-memory buffer (swizzled, so free of bank conflicts) to
-//     a TMA store (fixed-length batches) or 16-byte global stores bounded by the sequence (varlen),
+//   * epilogue: O / l through its own shared-memory buffer (stmatrix into the swizzled layout, so
+//     free of bank conflicts) to a TMA store (fixed-length batches) or 16-byte global stores bounded by the sequence (varlen),
 //     where the tile table asks for it and it fits (d = 96, 128); else (d = 64, 192, 256) straight
 //     from the accumulators in 16-byte chunks, a quad's words transposed by shuffles. lse is
 //     written once.
