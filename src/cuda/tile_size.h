@@ -237,7 +237,8 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
 // A fourth: the producer working out each work tile (the scheduler's and the mask's divisions) and
 // handing it to the consumers through shared memory, which cut their instructions by 13% but made
 // them spill 13 words: 0.97-1.02 at d=128, 1.00-1.03 at d=64 (bench/results/
-// h200_session25_2026-12-03.txt, call 1).
+// h200_session25_2026-12-03.txt, call 1). A fifth: each consumer working out the next tile between
+// its last P V's commit and wait, so that work runs under the P V: 0.96-1.01 (same log, call 3).
 struct HopperFwdTile {
   int block_n;
   int consumer_wgs;
