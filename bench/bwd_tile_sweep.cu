@@ -139,27 +139,13 @@ struct Problem {
       for (auto& x : tmp) x = __float2bfloat16(nd(rng));
       SWEEP_CHECK(cudaMemcpy(buf[i], tmp.data(), n * sizeof(sweep::E), cudaMemcpyHostToDevice));
     }
-    p.batch = b;
-    p.heads_q = p.heads_kv = h;
-    p.head_dim = d;
-    p.seqlen_q = p.seqlen_k = s;
-    p.total_q = p.total_k = b * s;
-    p.scale = 1.f / std::sqrt(float(d));
-    p.causal = causal;
-    p.window_right = causal ? 0 : -1;
-    p.dtype = fa::DType::bf16;
-    p.q = buf[0];
-    p.k = buf[1];
-    p.v = buf[2];
+    static_cast<fa::core::ForwardParams&>(p) =
+        sweep::dense_params(b, s, h, d, causal, buf[0], buf[1], buf[2], buf[4], lse);
     p.dout = buf[3];
-    p.out = buf[4];
     p.dq = buf[5];
     p.dk = buf[6];
     p.dv = buf[7];
-    p.lse = lse;
-    const fa::core::Strides st{s * h * d, h * d, d};
-    p.q_s = p.k_s = p.v_s = p.o_s = p.do_s = p.dq_s = p.dk_s = p.dv_s = st;
-    p.lse_s = {h * s, s, 1};
+    p.do_s = p.dq_s = p.dk_s = p.dv_s = p.q_s;
   }
   ~Problem() {
     for (void* x : buf) cudaFree(x);

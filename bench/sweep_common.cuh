@@ -1,4 +1,4 @@
-// What the tile sweeps (bench/tile_sweep.cu, bench/hopper_tile_sweep.cu) share: error checks, the
+// What the tile sweeps (bench/tile_sweep.cu, hopper_tile_sweep.cu, bwd_tile_sweep.cu) share: error checks, the
 // anchor problems (bf16, 16k tokens in total, hidden 2048: batch = 16384 / s, heads = 2048 / d)
 // as ready forward params, and a median of CUDA-event timings.
 #pragma once
@@ -29,6 +29,31 @@ namespace sweep {
 
 using E = __nv_bfloat16;
 
+// Forward params of a dense bf16 self-attention problem [b, s, h, d] (contiguous, as the anchors
+// lay it out) on the given device tensors.
+inline flashattn::core::ForwardParams dense_params(int64_t b, int64_t s, int64_t h, int64_t d, bool causal, void* q,
+                                                   void* k, void* v, void* out, float* lse) {
+  flashattn::core::ForwardParams p;
+  p.batch = b;
+  p.heads_q = p.heads_kv = h;
+  p.head_dim = d;
+  p.seqlen_q = p.seqlen_k = s;
+  p.total_q = p.total_k = b * s;
+  p.scale = 1.f / std::sqrt(float(d));
+  p.causal = causal;
+  p.window_right = causal ? 0 : -1;
+  p.dtype = flashattn::DType::bf16;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  const flashattn::core::Strides st{s * h * d, h * d, d};
+  p.q_s = p.k_s = p.v_s = p.o_s = st;
+  p.lse_s = {h * s, s, 1};
+  return p;
+}
+
 // Calls f(params, causal) for every anchor shape of head dim d at the given sequence lengths,
 // causal and not, on random inputs (q = k = v, which the timing does not care about).
 template <class F>
@@ -49,24 +74,7 @@ void for_anchor_shapes(int64_t d, std::initializer_list<int64_t> seqlens, F&& f)
         SWEEP_CHECK(cudaMemcpy(*ptr, host.data(), n * sizeof(E), cudaMemcpyHostToDevice));
       }
       SWEEP_CHECK(cudaMalloc(&lse, size_t(b * h * s) * 4));
-      flashattn::core::ForwardParams p;
-      p.batch = b;
-      p.heads_q = p.heads_kv = h;
-      p.head_dim = d;
-      p.seqlen_q = p.seqlen_k = s;
-      p.total_q = p.total_k = b * s;
-      p.scale = 1.f / std::sqrt(float(d));
-      p.window_right = causal ? 0 : -1;
-      p.dtype = flashattn::DType::bf16;
-      p.q = q;
-      p.k = k;
-      p.v = v;
-      p.out = o;
-      p.lse = lse;
-      const flashattn::core::Strides st{s * h * d, h * d, d};
-      p.q_s = p.k_s = p.v_s = p.o_s = st;
-      p.lse_s = {h * s, s, 1};
-      f(p, causal);
+      f(dense_params(b, s, h, d, causal, q, k, v, o, lse), causal);
       for (E* ptr : {q, k, v, o}) cudaFree(ptr);
       cudaFree(lse);
     }
