@@ -20,10 +20,10 @@
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
 //     cores.
 //   * epilogue: O / l through its own shared-memory buffer (stmatrix into the swizzled layout, so
-//     free of bank conflicts) to a TMA store (fixed-length batches) or 16-byte global stores bounded by the sequence (varlen),
-//     where the tile table asks for it and it fits (d = 96, 128); else (d = 64, 192, 256) straight
-//     from the accumulators in 16-byte chunks, a quad's words transposed by shuffles. lse is
-//     written once.
+//     free of bank conflicts) to a TMA store (fixed-length batches) or 16-byte global stores
+//     bounded by the sequence (varlen), where the tile table asks for it and it fits (d = 96,
+//     128); else (d = 64, 192, 256) straight from the accumulators in 16-byte chunks, a quad's
+//     words transposed by shuffles. lse is written once.
 // Shared-memory tiles use the 128-byte swizzle that TMA writes and wgmma reads: a row of head_dim
 // elements is split into 64-element (128-byte) column blocks stored one after the other.
 #pragma once
