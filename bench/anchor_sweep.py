@@ -1,5 +1,5 @@
 """The anchors' sweep (shared/anchors/README.md) that the side-by-side scripts walk: bf16, a fixed
-number of tokens in total (batch = tokens // seqlen), hidden 2048 (heads = 2048 // d), causal and
+number of tokens in total (batch = tokens // seqlen), hidden 2048 (heads = hidden // d; --hidden), causal and
 not; and the FLOP counts their TFLOP/s use (forward 4*b*h*s*s*d, halved when causal; backward
 2.5x that)."""
 
@@ -14,6 +14,7 @@ def add_sweep_args(p, seqlens, head_dims="64,128,256", lib=True):
     p.add_argument("--s", default=seqlens)
     p.add_argument("--causal", default="0,1")
     p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="heads = hidden / d (the anchors: 2048)")
 
 
 def ints(csv):
@@ -25,7 +26,7 @@ def shapes(a):
     for d in ints(a.d):
         for causal in ints(a.causal):
             for s in ints(a.s):
-                yield d, causal, s, max(1, a.tokens // s), HIDDEN // d
+                yield d, causal, s, max(1, a.tokens // s), a.hidden // d
 
 
 def flops(b, h, s, d, causal, mode="fwd"):

@@ -11,20 +11,72 @@
 //     heads are taken in sections whose K/V fit in half the L2, and within a section the query
 //     tile varies slowest (longest first) and the head fastest.
 // Heads vary fastest within a batch entry, so query heads that share a KV head (GQA) are adjacent.
+//
+// Stream-K tail (Hopper forward, equal tiles only): 288 tiles on 132 SMs are 2.2 waves, so by the
+// static stride most SMs idle through the third. With sk_span set, the CTAs take tiles
+// [0, dp_tiles) whole by the stride (whole waves) and then cut the rest, as one run of key tiles,
+// into a span of sk_span key tiles each: every CTA ends at the same time, give or take one key
+// tile. A span is at least one tile long, so a tile is cut at most once, into two units on two
+// CTAs; the kernel merges their states (fwd_kernel.cuh). Units count key tiles in the kernel's
+// visiting order (from the last key tile down).
 #pragma once
+
+#include <climits>
+#include <cstdint>
 
 #include "core/params.h"
 #include "core/softmax_state.h"  // FA_HD
 
 namespace flashattn::cuda {
 
+// A persistent CTA's piece of work: key tiles [it_begin, it_end) (visiting order) of work tile
+// idx; split >= 0 names the stream-K cut that halved the tile (the CTA index whose span starts
+// there), whose two units meet in merge slot `split`; -1 for a whole tile.
+struct WorkUnit {
+  int idx = 0;
+  int it_begin = 0, it_end = INT_MAX;
+  int split = -1;
+};
+
 struct TileScheduler {
   int num_m_blocks = 0;  // query tiles per (head, batch entry)
   int heads = 0, batch = 0;
   int section = 1;  // (head, batch) pairs per L2 section (longest-first order only)
   bool longest_first = false;
+  // Stream-K tail (sk_span = 0: off): tiles [0, dp_tiles) whole by the static stride (a multiple
+  // of the grid), the rest in spans of sk_span key tiles; every tile has tile_iters key tiles.
+  int dp_tiles = 0;
+  int tile_iters = 0;
+  int sk_span = 0;
 
   FA_HD int num_tiles() const { return num_m_blocks * heads * batch; }
+
+  // The j-th unit of CTA `cta` of `grid` under the static order; false when the CTA is done.
+  // Integer arithmetic in 32 bits (cut_tail keeps the stream-K key tiles below INT_MAX): a
+  // 64-bit division is a call, and the producer thread runs on 24 registers.
+  FA_HD bool unit(int cta, int grid, int j, WorkUnit* u) const {
+    const int dp_waves = sk_span == 0 ? INT_MAX : dp_tiles / grid;
+    if (j < dp_waves) {
+      u->idx = cta + j * grid;
+      u->it_begin = 0;
+      u->it_end = INT_MAX;
+      u->split = -1;
+      return u->idx < num_tiles();
+    }
+    const int total = (num_tiles() - dp_tiles) * tile_iters;
+    const int s = cta * sk_span;
+    const int e = total - s < sk_span ? total : s + sk_span;
+    const int k = j - dp_waves;
+    const int start = k == 0 ? s : (s / tile_iters + k) * tile_iters;
+    if (start >= e) return false;
+    const int t = start / tile_iters;
+    const int tile_end = (t + 1) * tile_iters;
+    u->idx = dp_tiles + t;
+    u->it_begin = start - t * tile_iters;
+    u->it_end = (e < tile_end ? e : tile_end) - t * tile_iters;
+    u->split = u->it_begin > 0 ? cta : (u->it_end < tile_iters ? cta + 1 : -1);
+    return true;
+  }
 
   FA_HD void tile(int idx, int* m_block, int* h, int* b) const {
     int hb;
@@ -63,6 +115,39 @@ inline TileScheduler make_tile_scheduler(const core::ForwardParams& p, int block
   const double kv_bytes_per_head = 2.0 * double(p.seqlen_k) * double(p.head_dim) * 2 / double(p.group());
   s.section = l2_section(kv_bytes_per_head, double(p.heads_q) * double(p.batch), l2_bytes);
   return s;
+}
+
+// Cuts the tail for `grid` persistent CTAs, every tile having tile_iters key tiles: the last whole
+// wave and the partial one (grid + r tiles) go in equal spans. False (and the plain stride) when
+// there is no partial wave or no whole one, or unit()'s 32-bit sums could overflow.
+inline bool cut_tail(TileScheduler& s, int grid, int64_t tile_iters) {
+  s.dp_tiles = s.num_tiles();
+  s.tile_iters = 0;
+  s.sk_span = 0;
+  const int64_t n = s.num_tiles(), waves = grid > 0 ? n / grid : 0, r = grid > 0 ? n % grid : 0;
+  if (waves < 1 || r == 0 || tile_iters < 1) return false;
+  const int64_t sk_tiles = grid + r;
+  if (sk_tiles * tile_iters + 2 * tile_iters + grid >= int64_t(INT_MAX)) return false;
+  s.dp_tiles = int(n - sk_tiles);
+  s.tile_iters = int(tile_iters);
+  s.sk_span = int((sk_tiles * tile_iters + grid - 1) / grid);
+  return true;
+}
+
+// The stream-K tail where it pays (the caller knows every tile has tile_iters key tiles: no mask,
+// no varlen). Costs in key tiles: a unit's setup and epilogue about one (2 us per work tile at
+// d=128 by a clock64 timeline, a key tile's GEMMs 1.8 us), up to three units per CTA, a merge one,
+// and two for the call's zeroing of the flags (a memset before the kernel). Only up to two whole
+// waves: beyond, the partial last wave cost less than its share on the H200 (the SMs it leaves
+// idle let the others run faster), and the cut measured 0.97-1.01 of the stride at 5 and 15.5
+// waves (bench/results/h200_session26_2026-12-03.txt).
+inline void plan_stream_k(TileScheduler& s, int grid, int64_t tile_iters) {
+  if (!cut_tail(s, grid, tile_iters)) return;
+  const int64_t waves = s.num_tiles() / grid;
+  constexpr int64_t kUnit = 1, kMerge = 1, kZero = 2;
+  const int64_t whole = (waves + 1) * (tile_iters + kUnit);
+  const int64_t cut = (waves - 1) * (tile_iters + kUnit) + s.sk_span + 3 * kUnit + kMerge + kZero;
+  if (waves > 2 || cut >= whole) cut_tail(s, grid, 0);
 }
 
 }  // namespace flashattn::cuda

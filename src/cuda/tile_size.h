@@ -268,6 +268,14 @@ struct HopperFwdTile {
   // warpgroups then spill nothing, 104 bytes before): B/A 0.99-1.04 at d=128, 512-16k, causal and
   // not, geometric mean 1.008 (bench/results/h200_session25_2026-12-03.txt, call 1).
   bool stage_o = true;
+  // Non-causal tiles of equal length: the stream-K tail where the plan says it pays (up to two
+  // whole waves; src/cuda/tile_scheduler.h). H200, bench/ab_compare.py against the stride, 5 rounds
+  // (bench/results/h200_session26_2026-12-03.txt, call 4; b = 1): d=128 s=1536 24 heads (288 tiles)
+  // 1.10 (0.95 -> 1.05 of cuDNN), s=3072 12 heads 1.17 (0.97 -> 1.13); d=64 s=1024 48 heads 1.07.
+  // Cut at more waves it ran 0.97-1.02 (calls 1-3), which the plan now leaves alone, and d=256
+  // (80-key tiles, a merge slot twice d=128's) 0.93 at s=1024 24 heads and 0.97-1.02 from 2k: off
+  // there and at d=192 (unmeasured).
+  bool stream_k = false;
 };
 
 // d=96 runs in d=128 tiles (the same shared memory and registers; S = Q K^T takes 6 k-steps
@@ -279,8 +287,8 @@ struct HopperFwdTile {
 // 2k / 8k, bench/results/h200_hopper_fwd_ring_2026-11-29.txt): d=96 491 (1.08) / 491 (1.05),
 // causal 371 (1.00) / 454 (1.07); d=192 584 (0.96) / 670 (1.07), causal 478 (0.94) / 629 (1.11).
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
-  if (head_dim <= 64) return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false};
-  if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true};  // 96 and 128
+  if (head_dim <= 64) return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false, /*stream_k=*/true};
+  if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true, true, /*stream_k=*/true};  // 96 and 128
   if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false};
   return {80, 2, 2, !causal, causal, 1, false};
 }

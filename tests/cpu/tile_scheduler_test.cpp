@@ -7,6 +7,7 @@
 
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "cuda/tile_scheduler.h"
 
@@ -14,6 +15,7 @@ namespace fa_test {
 namespace {
 
 using flashattn::cuda::TileScheduler;
+using flashattn::cuda::WorkUnit;
 
 TEST(TileScheduler, EveryTileExactlyOnce) {
   for (bool longest_first : {false, true})
@@ -92,6 +94,83 @@ TEST(TileScheduler, SectionsFitHalfTheL2) {
   EXPECT_FALSE(s.longest_first);
   EXPECT_EQ(s.num_m_blocks, 8);
   EXPECT_EQ(s.num_tiles(), 8 * 8 * 2);
+}
+
+// The stream-K tail: every key tile of every work tile is computed exactly once; the whole waves
+// go by the stride; a tile is cut at most once, its two units naming the same merge slot (below
+// the grid, one slot per cut); and no CTA gets more key tiles than the span.
+TEST(TileScheduler, StreamKUnitsCoverEveryKeyTileOnce) {
+  struct Shape {
+    int m, h, b, grid, iters;
+  };
+  for (const Shape& sh : {Shape{16, 16, 8, 132, 16}, Shape{16, 16, 8, 132, 128}, Shape{11, 20, 1, 132, 12},
+                          Shape{7, 20, 1, 132, 4}, Shape{5, 3, 2, 7, 9}, Shape{3, 5, 1, 4, 1000}}) {
+    TileScheduler s{sh.m, sh.h, sh.b, 1, false};
+    ASSERT_TRUE(flashattn::cuda::cut_tail(s, sh.grid, sh.iters)) << sh.m * sh.h * sh.b << " tiles on " << sh.grid;
+    ASSERT_GT(s.sk_span, 0);
+    const int n = s.num_tiles();
+    EXPECT_EQ(s.dp_tiles % sh.grid, 0);
+    EXPECT_EQ(n - s.dp_tiles, sh.grid + n % sh.grid) << "the last whole wave and the partial one are cut";
+    std::vector<int> seen(size_t(n) * sh.iters, 0);
+    std::vector<std::vector<int>> slots_of_tile(n);
+    std::set<int> slots;
+    for (int cta = 0; cta < sh.grid; ++cta) {
+      int sk_iters = 0;
+      WorkUnit u;
+      for (int j = 0; s.unit(cta, sh.grid, j, &u); ++j) {
+        ASSERT_TRUE(u.idx >= 0 && u.idx < n) << cta << " " << j;
+        const int end = u.it_end > sh.iters ? sh.iters : u.it_end;
+        ASSERT_TRUE(u.it_begin >= 0 && u.it_begin < end) << cta << " " << j;
+        if (u.idx < s.dp_tiles) {
+          EXPECT_EQ(u.idx % sh.grid, cta) << "whole tiles by the stride";
+          EXPECT_EQ(u.split, -1);
+          EXPECT_EQ(u.it_begin, 0);
+        } else {
+          sk_iters += end - u.it_begin;
+          const bool whole = u.it_begin == 0 && end == sh.iters;
+          EXPECT_EQ(u.split >= 0, !whole) << "tile " << u.idx;
+          if (!whole) {
+            ASSERT_TRUE(u.split > 0 && u.split < sh.grid) << u.split;
+            slots_of_tile[u.idx].push_back(u.split);
+          }
+        }
+        for (int i = u.it_begin; i < end; ++i) ++seen[size_t(u.idx) * sh.iters + i];
+      }
+      EXPECT_LE(sk_iters, s.sk_span) << "CTA " << cta;
+    }
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "tile " << i / sh.iters << " key tile " << i % sh.iters;
+    for (int t = 0; t < n; ++t) {
+      const auto& v = slots_of_tile[t];
+      ASSERT_TRUE(v.empty() || (v.size() == 2 && v[0] == v[1])) << "tile " << t << " in " << v.size() << " parts";
+      if (!v.empty()) EXPECT_TRUE(slots.insert(v[0]).second) << "slot " << v[0] << " serves two tiles";
+    }
+  }
+}
+
+// The plan: on for few waves of long enough tiles (tests/gpu/forward_test.cpp's
+// TilesCutAcrossCtasInTheLastWave shapes, and the measured d=64 and d=128 shapes of 288 tiles); off
+// without a partial wave, with fewer tiles than CTAs, past two whole waves (the anchors' 2048
+// tiles), and where tiles are too short for the cut's extra units to pay (tests/gpu/
+// forward_test.cpp's ManyTilesPerCtaWithPingPong shape).
+TEST(TileScheduler, StreamKOnlyWhereItPays) {
+  auto planned = [](int tiles_m, int heads, int grid, int iters) {
+    TileScheduler s{tiles_m, heads, 1, 1, false};
+    flashattn::cuda::plan_stream_k(s, grid, iters);
+    return s.sk_span > 0;
+  };
+  EXPECT_TRUE(planned(7, 20, 132, 8));      // 140 tiles of 8 key tiles
+  EXPECT_TRUE(planned(12, 24, 132, 12));    // d=128, s=1536, 24 heads
+  EXPECT_TRUE(planned(6, 48, 132, 8));      // d=64, s=1024, 48 heads
+  EXPECT_FALSE(planned(12, 11, 132, 16));   // 132 tiles: one whole wave
+  EXPECT_FALSE(planned(10, 13, 132, 16));   // 130 tiles: one partial wave
+  EXPECT_FALSE(planned(40, 16, 132, 32));   // 640 tiles: 4.8 waves
+  EXPECT_FALSE(planned(16, 128, 132, 16));  // 2048 tiles: 15.5 waves
+  EXPECT_FALSE(planned(71, 4, 132, 2));     // 284 tiles of 2 key tiles
+  EXPECT_FALSE(planned(7, 20, 132, 0));     // no keys
+  TileScheduler off{16, 128, 1, 1, false};
+  flashattn::cuda::plan_stream_k(off, 132, 16);
+  WorkUnit u;
+  for (int j = 0; off.unit(5, 132, j, &u); ++j) EXPECT_EQ(u.idx, 5 + 132 * j);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The Hopper forward kernel (sm_90a): FlashAttention-3's design in our own CUDA C++.
 //
 // A persistent grid (src/cuda/tile_scheduler.h) whose CTAs walk (query tile, head, batch)
-// work tiles, with warp specialization:
+// work tiles (or, in a stream-K tail, a tile's share of key tiles, the two shares of a cut tile
+// merged by whichever finishes last), with warp specialization:
 //   * warpgroup 0 is the producer: one elected thread issues TMA loads of the Q tile (once per work
 //     tile) and of K and V tiles into a ring of shared-memory stages, each completing on an
 //     mbarrier ("full"); it waits on the matching "empty" barrier before refilling a stage. It
@@ -54,6 +55,11 @@ struct FwdParams {
   // Dynamic scheduling (causal): CTAs take their next tile from this zeroed counter, so the
   // uneven tiles balance across SMs; null = static stride.
   int* tile_counter;
+  // Stream-K tail (sched.sk_span > 0): per merge slot and consumer warpgroup, the fp32 state of
+  // the unit that finished first (float4s, thread-major: o~ in accumulator order, then m and l)
+  // and two zeroed words, a ticket and a ready flag.
+  float4* sk_state;
+  int* sk_flags;
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
@@ -88,8 +94,10 @@ struct FwdTraits {
   static constexpr int kTurnBarrier = 1;
   static constexpr int kEpilogueBarrier = kTurnBarrier + kConsumerWGs;
   // mbarriers: Q full/empty per Q stage, K and V full/empty per stage, tile-index slots
-  // full/empty (2 each); then the 2 tile-index slots.
-  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages + 4) + 8;
+  // full/empty (2 each); then the 2 tile-index slots and a stream-K ticket per consumer warpgroup.
+  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages + 4) + 8 + 4 * kConsumerWGs;
+  // float4s of one consumer thread's stream-K state: o~, then (m, l) of its two rows.
+  static constexpr int kSkVecs = kPvParts * kPvN / 8 + 1;
   // Tiles start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 bytes and the
   // descriptors assume it starts on such a boundary); the slack covers aligning the dynamic base.
   static constexpr int kSmemNoO = 1024 + kQStages * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
@@ -101,20 +109,22 @@ struct FwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-// One work tile's coordinates and ranges, computed identically by the producer and the consumers.
+// One work unit's coordinates and ranges, computed identically by the producer and the consumers.
 struct WorkTile {
   int m_block, h, b, hk;
   int64_t q0, k0, r0;  // first row of the sequence (packed tensors), first key, first query row
   int rows_valid;      // query rows of the tile inside the sequence (0: nothing to do)
   core::MaskSpec mask;
-  core::TileRange tiles;
-  int count;  // key tiles to visit
+  core::TileRange tiles;  // the unit's key tiles (a stream-K unit's share of the tile's)
+  int count;              // key tiles to visit
+  int split;              // stream-K merge slot, -1 for a whole tile
 };
 
 template <int BM, int BN>
-__device__ __forceinline__ WorkTile work_tile(const core::ForwardParams& p, const TileScheduler& sched, int idx) {
+__device__ __forceinline__ WorkTile work_tile(const core::ForwardParams& p, const TileScheduler& sched,
+                                              const WorkUnit& u) {
   WorkTile w;
-  sched.tile(idx, &w.m_block, &w.h, &w.b);
+  sched.tile(u.idx, &w.m_block, &w.h, &w.b);
   int64_t sq = p.seqlen_q, sk = p.seqlen_k;
   w.q0 = w.k0 = 0;
   if (p.cu_seqlens_q != nullptr) {
@@ -128,6 +138,12 @@ __device__ __forceinline__ WorkTile work_tile(const core::ForwardParams& p, cons
   w.hk = w.h / (int(p.heads_q) / int(p.heads_kv));  // 32-bit: a 64-bit division is a call
   w.mask = core::MaskSpec{sq, sk, p.window_left, p.window_right};
   w.tiles = core::tile_range(w.mask, w.r0, w.r0 + w.rows_valid, BN);
+  w.split = u.split;
+  if (u.split >= 0) {  // key tiles are visited from n_end - 1 down
+    const int64_t n_end = w.tiles.n_end;
+    w.tiles.n_end = n_end - u.it_begin;
+    w.tiles.n_begin = n_end - u.it_end;
+  }
   w.count = int(w.tiles.n_end - w.tiles.n_begin);
   return w;
 }
@@ -160,6 +176,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   uint64_t* tile_full = v_empty + S;
   uint64_t* tile_empty = tile_full + 2;
   int* tile_slot = reinterpret_cast<int*>(tile_empty + 2);
+  int* sk_ticket = tile_slot + 2;
   const bool dynamic = P.tile_counter != nullptr;
 
   if (threadIdx.x == 0) {
@@ -195,15 +212,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       ptx::thread_prefetch_tensormap(&P.tk);
       ptx::thread_prefetch_tensormap(&P.tv);
       int it = 0, qt = 0;
-      for (int j = 0, idx = blockIdx.x;; ++j) {
-        if (j > 0) idx = dynamic ? int(gridDim.x) + atomicAdd(P.tile_counter, 1) : idx + int(gridDim.x);
+      for (int j = 0;; ++j) {
+        WorkUnit u;
         if (dynamic) {
+          u.idx = j == 0 ? int(blockIdx.x) : int(gridDim.x) + atomicAdd(P.tile_counter, 1);
           ptx::thread_mbarrier_wait(&tile_empty[j % 2], (uint32_t(j / 2) & 1u) ^ 1u);
-          tile_slot[j % 2] = idx;
+          tile_slot[j % 2] = u.idx;
           ptx::thread_mbarrier_arrive(&tile_full[j % 2]);
+          if (u.idx >= sched.num_tiles()) break;
+        } else if (!sched.unit(int(blockIdx.x), int(gridDim.x), j, &u)) {
+          break;
         }
-        if (idx >= sched.num_tiles()) break;
-        const WorkTile w = work_tile<BM, BN>(p, sched, idx);
+        const WorkTile w = work_tile<BM, BN>(p, sched, u);
         if (w.count <= 0) continue;
         const int tma_b = varlen ? 0 : w.b;
         // Q waits until the consumers' GEMMs are done with the previous tile's Q.
@@ -262,16 +282,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
 
   int it = 0, qt = 0;
   for (int j = 0;; ++j) {
-    int idx = int(blockIdx.x) + j * int(gridDim.x);
+    WorkUnit u;
     if (dynamic) {
       ptx::thread_mbarrier_wait(&tile_full[j % 2], uint32_t(j / 2) & 1u);
       // Broadcast from lane 0 so the compiler sees a warp-uniform index: branches on it then
       // stay uniform, and ptxas keeps the wgmmas in them asynchronous.
-      idx = __shfl_sync(0xffffffffu, tile_slot[j % 2], 0);
+      u.idx = __shfl_sync(0xffffffffu, tile_slot[j % 2], 0);
       ptx::thread_mbarrier_arrive(&tile_empty[j % 2]);
+      if (u.idx >= sched.num_tiles()) break;
+    } else if (!sched.unit(int(blockIdx.x), int(gridDim.x), j, &u)) {
+      break;
     }
-    if (idx >= sched.num_tiles()) break;
-    const WorkTile w = work_tile<BM, BN>(p, sched, idx);
+    const WorkTile w = work_tile<BM, BN>(p, sched, u);
     if (w.rows_valid == 0) continue;
     const int count = w.count;
     const int qs = qt % T::kQStages;
@@ -299,9 +321,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       const int rows_end = min(64 * cwg + 64, w.rows_valid);
       if (rows_end > 64 * cwg) {
         const core::TileRange own = core::tile_range(w.mask, w.r0 + 64 * cwg, w.r0 + rows_end, BN);
-        if (!own.empty()) {
-          own_first = int(w.tiles.n_end - own.n_end);
-          own_count = int(own.n_end - own.n_begin);
+        // Within the unit's key tiles (a stream-K unit has only part of the tile's).
+        const int64_t own_end = min(own.n_end, w.tiles.n_end), own_begin = max(own.n_begin, w.tiles.n_begin);
+        if (!own.empty() && own_end > own_begin) {
+          own_first = int(w.tiles.n_end - own_end);
+          own_count = int(own_end - own_begin);
           nomask_begin = int(own.n_nomask_begin);
           nomask_end = int(own.n_nomask_end);
         }
@@ -504,6 +528,58 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       it += count;
       ++qt;
       release(&q_empty[qs]);  // this warpgroup's GEMMs are done with Q
+    }
+
+    // ---- stream-K: the two units of a cut tile meet here, each warpgroup on its own rows. The
+    // first to arrive leaves its state (o~, m, l) in the merge slot and raises the flag; the last
+    // merges it into its own (core::rescale_factor onto the larger max: the online softmax's own
+    // step, so an empty state weighs 0) and writes O and lse for both. The first skips its
+    // epilogue, so it never waits; the last waits only for the first's stores, already under way.
+    // Both read the ticket after one barrier, and pass another before its slot is written again.
+    if (w.split >= 0) {
+      float4* slot = P.sk_state + (int64_t(w.split) * T::kConsumerWGs + cwg) * (T::kSkVecs * 128) + tid;
+      int* flags = P.sk_flags + 2 * (w.split * T::kConsumerWGs + cwg);  // ticket, ready
+      if (tid == 0) sk_ticket[cwg] = atomicAdd(flags, 1);
+      ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
+      // Broadcast from lane 0: a branch the compiler cannot see is warp-uniform makes ptxas
+      // serialize every wgmma of the kernel.
+      if (__shfl_sync(0xffffffffu, sk_ticket[cwg], 0) == 0) {
+#pragma unroll
+        for (int part = 0; part < T::kPvParts; ++part)
+#pragma unroll
+          for (int q = 0; q < T::kPvN / 8; ++q)
+            __stcg(slot + (part * (T::kPvN / 8) + q) * 128,
+                   make_float4(o[part][4 * q], o[part][4 * q + 1], o[part][4 * q + 2], o[part][4 * q + 3]));
+        __stcg(slot + (T::kSkVecs - 1) * 128, make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
+        ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
+        if (tid == 0) ptx::thread_pass_turn(flags + 1);
+        continue;
+      }
+      if (tid == 0) ptx::thread_wait_turn(flags + 1, 1, ptx::thread_load_turn(flags + 1));
+      ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
+      const float4 ml = __ldcg(slot + (T::kSkVecs - 1) * 128);
+      const float other_m[2] = {ml.x, ml.y}, other_l[2] = {ml.z, ml.w};
+      float fa[2], fb[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float m = fmaxf(row_max[rr], other_m[rr]);
+        fa[rr] = core::rescale_factor(row_max[rr], m);
+        fb[rr] = core::rescale_factor(other_m[rr], m);
+        row_sum[rr] = row_sum[rr] * fa[rr] + other_l[rr] * fb[rr];
+        row_max[rr] = m;
+      }
+#pragma unroll
+      for (int part = 0; part < T::kPvParts; ++part)
+#pragma unroll
+        for (int q = 0; q < T::kPvN / 8; ++q) {
+          const float4 v = __ldcg(slot + (part * (T::kPvN / 8) + q) * 128);
+          const float ov[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int i = 4 * q + k, rr = (i >> 1) & 1;
+            o[part][i] = o[part][i] * fa[rr] + ov[k] * fb[rr];
+          }
+        }
     }
 
     // ---- epilogue: O = o~ / l (0 for rows that saw nothing) and lse, written once.

@@ -14,9 +14,10 @@
 namespace flashattn::cuda {
 
 // Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes):
-// one CTA per SM walking the tiles, by static stride or (dynamic) drawing them from a counter.
+// one CTA per SM walking the tiles, by static stride (with a stream-K tail where stream_k allows,
+// tiles are equal and it pays, tile_scheduler.h) or (dynamic) drawing them from a counter.
 template <class T>
-bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bool dynamic) {
+bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bool dynamic, bool stream_k = false) {
   constexpr int kHeadDim = T::kHeadDim;
   sm90::FwdParams P{};
   P.p = p;
@@ -33,7 +34,7 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   P.tma_store = !varlen && sm90::encode_tma_sw128(&P.to, view(p.out, p.o_s, p.heads_q, false), 64);
 
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
-  const TileScheduler& s = P.sched =
+  TileScheduler& s = P.sched =
       make_tile_scheduler(p, T::kBlockM, current_device_attribute(cudaDevAttrL2CacheSize));
   const int64_t tiles = int64_t(s.num_m_blocks) * s.heads * s.batch;
   if (tiles == 0) return true;
@@ -42,21 +43,40 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(forward, shared memory)");
   const unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
-  // The counter is stream-ordered memory (no host synchronization; capturable in a graph).
+  // The counter and the stream-K merge slots are stream-ordered memory (no host synchronization;
+  // capturable in a graph). A device without stream-ordered allocation gets the plain static
+  // stride instead (slower on uneven causal tiles and in the last wave, same result).
   P.tile_counter = nullptr;
-  // A device without stream-ordered allocation gets the static stride instead (slower on uneven
-  // causal tiles, same result).
+  P.sk_state = nullptr;
+  P.sk_flags = nullptr;
+  void* scratch = nullptr;
+  auto alloc = [&](size_t bytes) {
+    if (cudaMallocAsync(&scratch, bytes, stream) == cudaSuccess) return true;
+    cudaGetLastError();
+    scratch = nullptr;
+    return false;
+  };
   if (dynamic && tiles > grid) {
-    if (cudaMallocAsync(reinterpret_cast<void**>(&P.tile_counter), sizeof(int), stream) != cudaSuccess) {
-      cudaGetLastError();
-      P.tile_counter = nullptr;
-    } else {
+    if (alloc(sizeof(int))) {
+      P.tile_counter = static_cast<int*>(scratch);
       check(cudaMemsetAsync(P.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(forward tile counter)");
+    }
+  } else if (stream_k && !dynamic && !varlen && p.window_left < 0 && p.window_right < 0) {
+    // Every tile visits all ceil(seqlen_k / block_n) key tiles.
+    plan_stream_k(s, int(grid), (p.seqlen_k + T::kBlockN - 1) / T::kBlockN);
+    const size_t flag_bytes = (size_t(grid) * T::kConsumerWGs * 2 * sizeof(int) + 255) / 256 * 256;
+    const size_t state_bytes = size_t(grid) * T::kConsumerWGs * T::kSkVecs * 128 * sizeof(float4);
+    if (s.sk_span > 0 && alloc(flag_bytes + state_bytes)) {
+      P.sk_flags = static_cast<int*>(scratch);
+      P.sk_state = reinterpret_cast<float4*>(static_cast<unsigned char*>(scratch) + flag_bytes);
+      check(cudaMemsetAsync(P.sk_flags, 0, flag_bytes, stream), "cudaMemsetAsync(forward stream-K flags)");
+    } else {
+      cut_tail(s, int(grid), 0);  // off: not planned, or no memory for the slots
     }
   }
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
   const cudaError_t launched = cudaGetLastError();
-  if (P.tile_counter != nullptr) check(cudaFreeAsync(P.tile_counter, stream), "cudaFreeAsync(forward tile counter)");
+  if (scratch != nullptr) check(cudaFreeAsync(scratch, stream), "cudaFreeAsync(forward scratch)");
   check(launched, "flashattn forward kernel (Hopper path)");
   return true;
 }
@@ -71,7 +91,7 @@ bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
   using Plain = sm90::FwdTraits<kHeadDim, Element, a.block_n, a.consumer_wgs, a.stages, a.ping_pong, a.q_stages,
                                 a.own_tiles, a.stage_o>;
   if (p.window_right >= 0) return launch_forward_hopper<Causal>(p, stream, c.dynamic);
-  return launch_forward_hopper<Plain>(p, stream, a.dynamic);
+  return launch_forward_hopper<Plain>(p, stream, a.dynamic, a.stream_k);
 }
 
 }  // namespace flashattn::cuda
