@@ -271,7 +271,9 @@ struct HopperFwdTile {
   // Non-causal tiles of equal length: the stream-K tail where the plan says it pays (up to two
   // whole waves; src/cuda/tile_scheduler.h). H200, bench/ab_compare.py against the stride, 5 rounds
   // (bench/results/h200_session26_2026-12-03.txt, call 4; b = 1): d=128 s=1536 24 heads (288 tiles)
-  // 1.10 (0.95 -> 1.05 of cuDNN), s=3072 12 heads 1.17 (0.97 -> 1.13); d=64 s=1024 48 heads 1.07.
+  // 1.10 (0.95 -> 1.05 of cuDNN), s=3072 12 heads 1.17 (0.97 -> 1.13); d=64 s=1024 48 heads 1.07;
+  // call 5: d=128 s=4096 10 heads (320 tiles) 1.10, s=8192 5 heads 1.11, s=1280 16 heads (160
+  // tiles of 10 key tiles) 1.02; d=64 s=2048 16 heads 1.09.
   // Cut at more waves it ran 0.97-1.02 (calls 1-3), which the plan now leaves alone, and d=256
   // (80-key tiles, a merge slot twice d=128's) 0.93 at s=1024 24 heads and 0.97-1.02 from 2k: off
   // there and at d=192 (unmeasured).
