@@ -139,7 +139,7 @@ inline bool cut_tail(TileScheduler& s, int grid, int64_t tile_iters) {
 // d=128 by a clock64 timeline, a key tile's GEMMs 1.8 us), up to three units per CTA, a merge one,
 // and two for the call's zeroing of the flags (a memset before the kernel). Only up to two whole
 // waves: beyond, the partial last wave cost less than its share on the H200 (the SMs it leaves
-// idle let the others run faster), and the cut measured 0.97-1.01 of the stride at 5 and 15.5
+// idle let the others run faster), and the cut measured 0.97-1.02 of the stride at 5 and 15.5
 // waves (bench/results/h200_session26_2026-12-03.txt).
 inline void plan_stream_k(TileScheduler& s, int grid, int64_t tile_iters) {
   if (!cut_tail(s, grid, tile_iters)) return;
