@@ -7,6 +7,7 @@
 
 #include "api/validate.h"
 #include "core/numeric.h"
+#include "cpu/parallel.h"
 
 namespace flashattn::reference {
 namespace {
@@ -82,10 +83,11 @@ double probabilities(const HeadProblem& h, int64_t i, const Mask& m, double scal
   return rnd.stat(mx + std::log(sum));
 }
 
+// Rows [i0, i1) of one head's attention.
 void attend(const HeadProblem& h, const Mask& m, double scale, double softcap, const Rounder& rnd, double* out,
-            int64_t out_row_stride, double* lse, int64_t lse_stride) {
+            int64_t out_row_stride, double* lse, int64_t lse_stride, int64_t i0, int64_t i1) {
   std::vector<double> p;
-  for (int64_t i = 0; i < h.sq; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     double l = probabilities(h, i, m, scale, softcap, rnd, p);
     for (int64_t x = 0; x < h.d; ++x) {
       double o = 0;
@@ -136,20 +138,25 @@ Output forward(const ForwardArgs& a, Precision precision) {
   const int64_t hq = p.heads_q, d = p.head_dim;
   r.out.assign(size_t(p.total_q * hq * d), 0.0);
   r.lse.assign(size_t(p.total_q * hq), -kInf);
-  for (int64_t b = 0; b < p.batch; ++b) {
+  // One task per (sequence, head, block of kRows query rows): each computes and writes only its own
+  // rows of out and lse, as a serial loop would, so the result does not depend on the threads.
+  constexpr int64_t kRows = 64;
+  int64_t blocks = 1;
+  for (int64_t b = 0; b < p.batch; ++b) blocks = std::max(blocks, (span_of(p, b).sq + kRows - 1) / kRows);
+  cpu::parallel_for(p.batch * hq * blocks, 0, [&](int64_t task, int) {
+    const int64_t b = task / (hq * blocks), h = task / blocks % hq, i0 = task % blocks * kRows;
     SeqSpan sp = span_of(p, b);
+    if (i0 >= sp.sq) return;
     Mask m{sp.sq, sp.sk, p.window_left, p.window_right};
-    for (int64_t h = 0; h < hq; ++h) {
-      int64_t hk = h / p.group();
-      HeadProblem hp{sp.sq, sp.sk, d, gather(p.q, p.dtype, p.q_s, b, sp.q0, sp.sq, h, d),
-                     gather(p.k, p.dtype, p.k_s, b, sp.k0, sp.sk, hk, d),
-                     gather(p.v, p.dtype, p.v_s, b, sp.k0, sp.sk, hk, d)};
-      int64_t row0 = p.varlen() ? sp.q0 : b * p.seqlen_q;
-      double* out = r.out.data() + (row0 * hq + h) * d;
-      double* lse = p.varlen() ? r.lse.data() + h * p.total_q + sp.q0 : r.lse.data() + (b * hq + h) * p.seqlen_q;
-      attend(hp, m, p.scale, p.softcap, rnd, out, hq * d, lse, 1);
-    }
-  }
+    int64_t hk = h / p.group();
+    HeadProblem hp{sp.sq, sp.sk, d, gather(p.q, p.dtype, p.q_s, b, sp.q0, sp.sq, h, d),
+                   gather(p.k, p.dtype, p.k_s, b, sp.k0, sp.sk, hk, d),
+                   gather(p.v, p.dtype, p.v_s, b, sp.k0, sp.sk, hk, d)};
+    int64_t row0 = p.varlen() ? sp.q0 : b * p.seqlen_q;
+    double* out = r.out.data() + (row0 * hq + h) * d;
+    double* lse = p.varlen() ? r.lse.data() + h * p.total_q + sp.q0 : r.lse.data() + (b * hq + h) * p.seqlen_q;
+    attend(hp, m, p.scale, p.softcap, rnd, out, hq * d, lse, 1, i0, std::min(sp.sq, i0 + kRows));
+  });
   return r;
 }
 
@@ -161,14 +168,17 @@ Grads backward(const BackwardArgs& a, Precision precision) {
   g.dq.assign(size_t(p.total_q * hq * d), 0.0);
   g.dk.assign(size_t(p.total_k * hk_n * d), 0.0);
   g.dv.assign(size_t(p.total_k * hk_n * d), 0.0);
-  std::vector<double> P, T, dP;
-  for (int64_t b = 0; b < p.batch; ++b) {
+  // One task per (sequence, KV head): dk and dv of a KV head gather the query heads that share it,
+  // so the task runs those heads in order, as a serial loop would; its dq rows are its own.
+  const int64_t group = p.group();
+  cpu::parallel_for(p.batch * hk_n, 0, [&](int64_t task, int) {
+    const int64_t b = task / hk_n, hk = task % hk_n;
+    std::vector<double> P, T, dP;
     SeqSpan sp = span_of(p, b);
     Mask m{sp.sq, sp.sk, p.window_left, p.window_right};
     int64_t qrow0 = p.varlen() ? sp.q0 : b * p.seqlen_q;
     int64_t krow0 = p.varlen() ? sp.k0 : b * p.seqlen_k;
-    for (int64_t h = 0; h < hq; ++h) {
-      int64_t hk = h / p.group();
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
       HeadProblem hp{sp.sq, sp.sk, d, gather(p.q, p.dtype, p.q_s, b, sp.q0, sp.sq, h, d),
                      gather(p.k, p.dtype, p.k_s, b, sp.k0, sp.sk, hk, d),
                      gather(p.v, p.dtype, p.v_s, b, sp.k0, sp.sk, hk, d)};
@@ -202,7 +212,7 @@ Grads backward(const BackwardArgs& a, Precision precision) {
         }
       }
     }
-  }
+  });
   if (precision != Precision::f64) {
     for (auto* v : {&g.dq, &g.dk, &g.dv})
       for (double& x : *v) x = rnd(x);
@@ -218,39 +228,39 @@ Output decode(const DecodeArgs& a, Precision precision) {
   r.out.assign(size_t(p.batch * sn * hq * d), 0.0);
   r.lse.assign(size_t(p.batch * hq * sn), -kInf);
   int64_t group = hq / p.heads_kv;
-  for (int64_t b = 0; b < p.batch; ++b) {
+  // One task per (sequence, head), each writing only its own rows (as in forward).
+  cpu::parallel_for(p.batch * hq, 0, [&](int64_t task, int) {
+    const int64_t b = task / hq, h = task % hq;
     int64_t len = p.cache_seqlens[b * p.cache_seqlens_stride];
     int64_t total = len + (p.append ? sn : 0);
     Mask m{sn, total, p.window_left, p.window_right};
-    for (int64_t h = 0; h < hq; ++h) {
-      int64_t hk = h / group;
-      HeadProblem hp;
-      hp.sq = sn;
-      hp.sk = total;
-      hp.d = d;
-      hp.q = gather(p.q, p.dtype, p.q_s, b, 0, sn, h, d);
-      hp.k.resize(size_t(total * d));
-      hp.v.resize(size_t(total * d));
-      for (int64_t t = 0; t < total; ++t) {
-        for (int64_t x = 0; x < d; ++x) {
-          double kv[2];
-          if (t < len) {
-            int64_t page = p.paged ? p.block_table[b * p.block_table_row_stride + (t / p.page_size) * p.block_table_col_stride] : b;
-            int64_t slot = p.paged ? t % p.page_size : t;
-            kv[0] = load(p.k_cache, p.dtype, page * p.kc_page + slot * p.kc_row + hk * p.kc_head + x);
-            kv[1] = load(p.v_cache, p.dtype, page * p.vc_page + slot * p.vc_row + hk * p.vc_head + x);
-          } else {
-            kv[0] = load(p.k_new, p.dtype, p.knew_s.offset(b, t - len, hk) + x);
-            kv[1] = load(p.v_new, p.dtype, p.vnew_s.offset(b, t - len, hk) + x);
-          }
-          hp.k[size_t(t * d + x)] = kv[0];
-          hp.v[size_t(t * d + x)] = kv[1];
+    int64_t hk = h / group;
+    HeadProblem hp;
+    hp.sq = sn;
+    hp.sk = total;
+    hp.d = d;
+    hp.q = gather(p.q, p.dtype, p.q_s, b, 0, sn, h, d);
+    hp.k.resize(size_t(total * d));
+    hp.v.resize(size_t(total * d));
+    for (int64_t t = 0; t < total; ++t) {
+      for (int64_t x = 0; x < d; ++x) {
+        double kv[2];
+        if (t < len) {
+          int64_t page = p.paged ? p.block_table[b * p.block_table_row_stride + (t / p.page_size) * p.block_table_col_stride] : b;
+          int64_t slot = p.paged ? t % p.page_size : t;
+          kv[0] = load(p.k_cache, p.dtype, page * p.kc_page + slot * p.kc_row + hk * p.kc_head + x);
+          kv[1] = load(p.v_cache, p.dtype, page * p.vc_page + slot * p.vc_row + hk * p.vc_head + x);
+        } else {
+          kv[0] = load(p.k_new, p.dtype, p.knew_s.offset(b, t - len, hk) + x);
+          kv[1] = load(p.v_new, p.dtype, p.vnew_s.offset(b, t - len, hk) + x);
         }
+        hp.k[size_t(t * d + x)] = kv[0];
+        hp.v[size_t(t * d + x)] = kv[1];
       }
-      attend(hp, m, p.scale, p.softcap, rnd, r.out.data() + ((b * sn) * hq + h) * d, hq * d,
-             r.lse.data() + (b * hq + h) * sn, 1);
     }
-  }
+    attend(hp, m, p.scale, p.softcap, rnd, r.out.data() + ((b * sn) * hq + h) * d, hq * d,
+           r.lse.data() + (b * hq + h) * sn, 1, 0, sn);
+  });
   return r;
 }
 
