@@ -276,7 +276,8 @@ struct HopperFwdTile {
   // tiles of 10 key tiles) 1.02; d=64 s=2048 16 heads 1.09.
   // Cut at more waves it ran 0.97-1.02 (calls 1-3), which the plan now leaves alone, and d=256
   // (80-key tiles, a merge slot twice d=128's) 0.93 at s=1024 24 heads and 0.97-1.02 from 2k: off
-  // there and at d=192 (unmeasured).
+  // there and at d=192 (unmeasured), whose kernels leave the merge out. The causal entries carry
+  // it too, so one kernel serves both at d <= 128; under a mask it is never planned.
   bool stream_k = false;
 };
 

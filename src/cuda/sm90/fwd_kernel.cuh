@@ -63,7 +63,7 @@ struct FwdParams {
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
-          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true>
+          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true, bool kStreamK_ = false>
 struct FwdTraits {
   using Element = Element_;
   // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
@@ -79,6 +79,9 @@ struct FwdTraits {
   // Each consumer warpgroup visits only the key tiles its own rows see (else every tile of the
   // work tile's range).
   static constexpr bool kOwnTiles = kOwnTiles_;
+  // The stream-K tail's merge is compiled in (tile_size.h's stream_k): at d = 256 the merge code
+  // alone, never run, made ptxas spill 268 bytes where it spilled 36.
+  static constexpr bool kStreamK = kStreamK_;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
@@ -118,6 +121,7 @@ struct WorkTile {
   core::TileRange tiles;  // the unit's key tiles (a stream-K unit's share of the tile's)
   int count;              // key tiles to visit
   int split;              // stream-K merge slot, -1 for a whole tile
+  bool sk_head;           // a cut tile's unit that holds its last key tile (visited first)
 };
 
 template <int BM, int BN>
@@ -139,6 +143,7 @@ __device__ __forceinline__ WorkTile work_tile(const core::ForwardParams& p, cons
   w.mask = core::MaskSpec{sq, sk, p.window_left, p.window_right};
   w.tiles = core::tile_range(w.mask, w.r0, w.r0 + w.rows_valid, BN);
   w.split = u.split;
+  w.sk_head = u.it_begin == 0;
   if (u.split >= 0) {  // key tiles are visited from n_end - 1 down
     const int64_t n_end = w.tiles.n_end;
     w.tiles.n_end = n_end - u.it_begin;
@@ -536,7 +541,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     // step, so an empty state weighs 0) and writes O and lse for both. The first skips its
     // epilogue, so it never waits; the last waits only for the first's stores, already under way.
     // Both read the ticket after one barrier, and pass another before its slot is written again.
-    if (w.split >= 0) {
+    if (T::kStreamK && w.split >= 0) {
       float4* slot = P.sk_state + (int64_t(w.split) * T::kConsumerWGs + cwg) * (T::kSkVecs * 128) + tid;
       int* flags = P.sk_flags + 2 * (w.split * T::kConsumerWGs + cwg);  // ticket, ready
       if (tid == 0) sk_ticket[cwg] = atomicAdd(flags, 1);
@@ -557,15 +562,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       }
       if (tid == 0) ptx::thread_wait_turn(flags + 1, 1, ptx::thread_load_turn(flags + 1));
       ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
+      // The two states enter in a fixed order, the head unit's (the one holding the tile's last
+      // key tile) first, whichever finished first: the result is bitwise the same on every run.
+      const bool head = w.sk_head;
       const float4 ml = __ldcg(slot + (T::kSkVecs - 1) * 128);
       const float other_m[2] = {ml.x, ml.y}, other_l[2] = {ml.z, ml.w};
-      float fa[2], fb[2];
+      float fh[2], ft[2];
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const float m = fmaxf(row_max[rr], other_m[rr]);
-        fa[rr] = core::rescale_factor(row_max[rr], m);
-        fb[rr] = core::rescale_factor(other_m[rr], m);
-        row_sum[rr] = row_sum[rr] * fa[rr] + other_l[rr] * fb[rr];
+        const float mh = head ? row_max[rr] : other_m[rr], mt = head ? other_m[rr] : row_max[rr];
+        const float lh = head ? row_sum[rr] : other_l[rr], lt = head ? other_l[rr] : row_sum[rr];
+        const float m = fmaxf(mh, mt);
+        fh[rr] = core::rescale_factor(mh, m);
+        ft[rr] = core::rescale_factor(mt, m);
+        row_sum[rr] = lh * fh[rr] + lt * ft[rr];
         row_max[rr] = m;
       }
 #pragma unroll
@@ -577,7 +587,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const int i = 4 * q + k, rr = (i >> 1) & 1;
-            o[part][i] = o[part][i] * fa[rr] + ov[k] * fb[rr];
+            const float oh = head ? o[part][i] : ov[k], ot = head ? ov[k] : o[part][i];
+            o[part][i] = oh * fh[rr] + ot * ft[rr];
           }
         }
     }

@@ -14,10 +14,10 @@
 namespace flashattn::cuda {
 
 // Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes):
-// one CTA per SM walking the tiles, by static stride (with a stream-K tail where stream_k allows,
-// tiles are equal and it pays, tile_scheduler.h) or (dynamic) drawing them from a counter.
+// one CTA per SM walking the tiles, by static stride (with a stream-K tail where T has it, tiles
+// are equal and it pays, tile_scheduler.h) or (dynamic) drawing them from a counter.
 template <class T>
-bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bool dynamic, bool stream_k = false) {
+bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bool dynamic) {
   constexpr int kHeadDim = T::kHeadDim;
   sm90::FwdParams P{};
   P.p = p;
@@ -61,7 +61,7 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
       P.tile_counter = static_cast<int*>(scratch);
       check(cudaMemsetAsync(P.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(forward tile counter)");
     }
-  } else if (stream_k && !dynamic && !varlen && p.window_left < 0 && p.window_right < 0) {
+  } else if (T::kStreamK && !dynamic && !varlen && p.window_left < 0 && p.window_right < 0) {
     // Every tile visits all ceil(seqlen_k / block_n) key tiles.
     plan_stream_k(s, int(grid), (p.seqlen_k + T::kBlockN - 1) / T::kBlockN);
     const size_t flag_bytes = (size_t(grid) * T::kConsumerWGs * 2 * sizeof(int) + 255) / 256 * 256;
@@ -87,11 +87,11 @@ bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
   // Causal and windowed problems (a right bound) have their own entries: see tile_size.h.
   constexpr HopperFwdTile a = hopper_fwd_tile(kHeadDim, false), c = hopper_fwd_tile(kHeadDim, true);
   using Causal = sm90::FwdTraits<kHeadDim, Element, c.block_n, c.consumer_wgs, c.stages, c.ping_pong, c.q_stages,
-                                 c.own_tiles, c.stage_o>;
+                                 c.own_tiles, c.stage_o, c.stream_k>;
   using Plain = sm90::FwdTraits<kHeadDim, Element, a.block_n, a.consumer_wgs, a.stages, a.ping_pong, a.q_stages,
-                                a.own_tiles, a.stage_o>;
+                                a.own_tiles, a.stage_o, a.stream_k>;
   if (p.window_right >= 0) return launch_forward_hopper<Causal>(p, stream, c.dynamic);
-  return launch_forward_hopper<Plain>(p, stream, a.dynamic, a.stream_k);
+  return launch_forward_hopper<Plain>(p, stream, a.dynamic);
 }
 
 }  // namespace flashattn::cuda
