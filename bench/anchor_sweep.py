@@ -1,7 +1,7 @@
 """The anchors' sweep (shared/anchors/README.md) that the side-by-side scripts walk: bf16, a fixed
-number of tokens in total (batch = tokens // seqlen), hidden 2048 (heads = hidden // d; --hidden), causal and
-not; and the FLOP counts their TFLOP/s use (forward 4*b*h*s*s*d, halved when causal; backward
-2.5x that)."""
+number of tokens in total (batch = tokens // seqlen), hidden 2048 (heads = hidden // d; --hidden
+for other shapes), causal and not; and the FLOP counts their TFLOP/s use (forward 4*b*h*s*s*d,
+halved when causal; backward 2.5x that)."""
 
 HIDDEN = 2048
 

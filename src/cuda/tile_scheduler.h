@@ -118,11 +118,9 @@ inline TileScheduler make_tile_scheduler(const core::ForwardParams& p, int block
 }
 
 // Cuts the tail for `grid` persistent CTAs, every tile having tile_iters key tiles: the last whole
-// wave and the partial one (grid + r tiles) go in equal spans. False (and the plain stride) when
-// there is no partial wave or no whole one, or unit()'s 32-bit sums could overflow.
+// wave and the partial one (grid + r tiles) go in equal spans. False (and the plain stride,
+// sk_span = 0) when there is no partial wave or no whole one, or unit()'s 32-bit sums could overflow.
 inline bool cut_tail(TileScheduler& s, int grid, int64_t tile_iters) {
-  s.dp_tiles = s.num_tiles();
-  s.tile_iters = 0;
   s.sk_span = 0;
   const int64_t n = s.num_tiles(), waves = grid > 0 ? n / grid : 0, r = grid > 0 ? n % grid : 0;
   if (waves < 1 || r == 0 || tile_iters < 1) return false;
@@ -147,7 +145,7 @@ inline void plan_stream_k(TileScheduler& s, int grid, int64_t tile_iters) {
   constexpr int64_t kUnit = 1, kMerge = 1, kZero = 2;
   const int64_t whole = (waves + 1) * (tile_iters + kUnit);
   const int64_t cut = (waves - 1) * (tile_iters + kUnit) + s.sk_span + 3 * kUnit + kMerge + kZero;
-  if (waves > 2 || cut >= whole) cut_tail(s, grid, 0);
+  if (waves > 2 || cut >= whole) s.sk_span = 0;
 }
 
 }  // namespace flashattn::cuda

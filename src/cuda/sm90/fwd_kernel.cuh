@@ -537,12 +537,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
 
     // ---- stream-K: the two units of a cut tile meet here, each warpgroup on its own rows. The
     // first to arrive leaves its state (o~, m, l) in the merge slot and raises the flag; the last
-    // merges it into its own (core::rescale_factor onto the larger max: the online softmax's own
-    // step, so an empty state weighs 0) and writes O and lse for both. The first skips its
-    // epilogue, so it never waits; the last waits only for the first's stores, already under way.
-    // Both read the ticket after one barrier, and pass another before its slot is written again.
+    // merges the two (core::rescale_factor onto the larger max: the online softmax's own step, so
+    // an empty state weighs 0) and writes O and lse for both. The first skips its epilogue, so it
+    // never waits; the last waits only for the first's stores, already under way. Both read the
+    // ticket after one barrier, and pass another before its slot is written again.
     if (T::kStreamK && w.split >= 0) {
       float4* slot = P.sk_state + (int64_t(w.split) * T::kConsumerWGs + cwg) * (T::kSkVecs * 128) + tid;
+      auto vec = [&](int v) { return slot + v * 128; };  // this thread's v-th float4 (thread-major)
+      constexpr int kMl = T::kSkVecs - 1;                   // the (m, l) float4, after o~
       int* flags = P.sk_flags + 2 * (w.split * T::kConsumerWGs + cwg);  // ticket, ready
       if (tid == 0) sk_ticket[cwg] = atomicAdd(flags, 1);
       ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
@@ -553,9 +555,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
         for (int part = 0; part < T::kPvParts; ++part)
 #pragma unroll
           for (int q = 0; q < T::kPvN / 8; ++q)
-            __stcg(slot + (part * (T::kPvN / 8) + q) * 128,
+            __stcg(vec(part * (T::kPvN / 8) + q),
                    make_float4(o[part][4 * q], o[part][4 * q + 1], o[part][4 * q + 2], o[part][4 * q + 3]));
-        __stcg(slot + (T::kSkVecs - 1) * 128, make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
+        __stcg(vec(kMl), make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
         ptx::thread_named_sync(T::kEpilogueBarrier + cwg, 128);
         if (tid == 0) ptx::thread_pass_turn(flags + 1);
         continue;
@@ -565,7 +567,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       // The two states enter in a fixed order, the head unit's (the one holding the tile's last
       // key tile) first, whichever finished first: the result is bitwise the same on every run.
       const bool head = w.sk_head;
-      const float4 ml = __ldcg(slot + (T::kSkVecs - 1) * 128);
+      const float4 ml = __ldcg(vec(kMl));
       const float other_m[2] = {ml.x, ml.y}, other_l[2] = {ml.z, ml.w};
       float fh[2], ft[2];
 #pragma unroll
@@ -582,7 +584,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       for (int part = 0; part < T::kPvParts; ++part)
 #pragma unroll
         for (int q = 0; q < T::kPvN / 8; ++q) {
-          const float4 v = __ldcg(slot + (part * (T::kPvN / 8) + q) * 128);
+          const float4 v = __ldcg(vec(part * (T::kPvN / 8) + q));
           const float ov[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
           for (int k = 0; k < 4; ++k) {

@@ -71,7 +71,7 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
       P.sk_state = reinterpret_cast<float4*>(static_cast<unsigned char*>(scratch) + flag_bytes);
       check(cudaMemsetAsync(P.sk_flags, 0, flag_bytes, stream), "cudaMemsetAsync(forward stream-K flags)");
     } else {
-      cut_tail(s, int(grid), 0);  // off: not planned, or no memory for the slots
+      s.sk_span = 0;  // the plain stride: not planned, or no memory for the slots
     }
   }
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
