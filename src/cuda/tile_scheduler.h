@@ -53,9 +53,11 @@ struct TileScheduler {
 
   // The j-th unit of CTA `cta` of `grid` under the static order; false when the CTA is done.
   // Integer arithmetic in 32 bits (cut_tail keeps the stream-K key tiles below INT_MAX): a
-  // 64-bit division is a call, and the producer thread runs on 24 registers.
+  // 64-bit division is a call, and the producer thread runs on 24 registers. A kernel built
+  // without the tail (kTail = false) compiles the plain stride alone.
+  template <bool kTail = true>
   FA_HD bool unit(int cta, int grid, int j, WorkUnit* u) const {
-    const int dp_waves = sk_span == 0 ? INT_MAX : dp_tiles / grid;
+    const int dp_waves = !kTail || sk_span == 0 ? INT_MAX : dp_tiles / grid;
     if (j < dp_waves) {
       u->idx = cta + j * grid;
       u->it_begin = 0;

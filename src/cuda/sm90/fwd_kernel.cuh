@@ -82,6 +82,10 @@ struct FwdTraits {
   // The stream-K tail's merge is compiled in (tile_size.h's stream_k): at d = 256 the merge code
   // alone, never run, made ptxas spill 268 bytes where it spilled 36.
   static constexpr bool kStreamK = kStreamK_;
+  // The same kernel without the merge, for launches that cut no tile: with it compiled in, ptxas
+  // schedules the main loop differently, and d = 128 at 2k ran 1-2% slower (session 27).
+  using Unsplit = FwdTraits<kHeadDim_, Element_, kBlockN_, kConsumerWGs_, kStages_, kPingPong_, kQStages_,
+                            kOwnTiles_, kStageO_, false>;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
@@ -124,7 +128,7 @@ struct WorkTile {
   bool sk_head;           // a cut tile's unit that holds its last key tile (visited first)
 };
 
-template <int BM, int BN>
+template <int BM, int BN, bool kStreamK>
 __device__ __forceinline__ WorkTile work_tile(const core::ForwardParams& p, const TileScheduler& sched,
                                               const WorkUnit& u) {
   WorkTile w;
@@ -142,9 +146,9 @@ __device__ __forceinline__ WorkTile work_tile(const core::ForwardParams& p, cons
   w.hk = w.h / (int(p.heads_q) / int(p.heads_kv));  // 32-bit: a 64-bit division is a call
   w.mask = core::MaskSpec{sq, sk, p.window_left, p.window_right};
   w.tiles = core::tile_range(w.mask, w.r0, w.r0 + w.rows_valid, BN);
-  w.split = u.split;
+  w.split = kStreamK ? u.split : -1;
   w.sk_head = u.it_begin == 0;
-  if (u.split >= 0) {  // key tiles are visited from n_end - 1 down
+  if (kStreamK && u.split >= 0) {  // key tiles are visited from n_end - 1 down
     const int64_t n_end = w.tiles.n_end;
     w.tiles.n_end = n_end - u.it_begin;
     w.tiles.n_begin = n_end - u.it_end;
@@ -225,10 +229,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           tile_slot[j % 2] = u.idx;
           ptx::thread_mbarrier_arrive(&tile_full[j % 2]);
           if (u.idx >= sched.num_tiles()) break;
-        } else if (!sched.unit(int(blockIdx.x), int(gridDim.x), j, &u)) {
+        } else if (!sched.template unit<T::kStreamK>(int(blockIdx.x), int(gridDim.x), j, &u)) {
           break;
         }
-        const WorkTile w = work_tile<BM, BN>(p, sched, u);
+        const WorkTile w = work_tile<BM, BN, T::kStreamK>(p, sched, u);
         if (w.count <= 0) continue;
         const int tma_b = varlen ? 0 : w.b;
         // Q waits until the consumers' GEMMs are done with the previous tile's Q.
@@ -295,10 +299,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       u.idx = __shfl_sync(0xffffffffu, tile_slot[j % 2], 0);
       ptx::thread_mbarrier_arrive(&tile_empty[j % 2]);
       if (u.idx >= sched.num_tiles()) break;
-    } else if (!sched.unit(int(blockIdx.x), int(gridDim.x), j, &u)) {
+    } else if (!sched.template unit<T::kStreamK>(int(blockIdx.x), int(gridDim.x), j, &u)) {
       break;
     }
-    const WorkTile w = work_tile<BM, BN>(p, sched, u);
+    const WorkTile w = work_tile<BM, BN, T::kStreamK>(p, sched, u);
     if (w.rows_valid == 0) continue;
     const int count = w.count;
     const int qs = qt % T::kQStages;
@@ -327,7 +331,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       if (rows_end > 64 * cwg) {
         const core::TileRange own = core::tile_range(w.mask, w.r0 + 64 * cwg, w.r0 + rows_end, BN);
         // Within the unit's key tiles (a stream-K unit has only part of the tile's).
-        const int64_t own_end = min(own.n_end, w.tiles.n_end), own_begin = max(own.n_begin, w.tiles.n_begin);
+        const int64_t own_end = T::kStreamK ? min(own.n_end, w.tiles.n_end) : own.n_end;
+        const int64_t own_begin = T::kStreamK ? max(own.n_begin, w.tiles.n_begin) : own.n_begin;
         if (!own.empty() && own_end > own_begin) {
           own_first = int(w.tiles.n_end - own_end);
           own_count = int(own_end - own_begin);

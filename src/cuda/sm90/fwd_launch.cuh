@@ -39,9 +39,6 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   const int64_t tiles = int64_t(s.num_m_blocks) * s.heads * s.batch;
   if (tiles == 0) return true;
   if (tiles > int64_t(INT32_MAX)) return false;  // tile indices are int: the portable path takes it
-  auto kernel = p.softcap > 0.f ? sm90::forward_kernel<T, true> : sm90::forward_kernel<T, false>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
-        "cudaFuncSetAttribute(forward, shared memory)");
   const unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
   // The counter and the stream-K merge slots are stream-ordered memory (no host synchronization;
   // capturable in a graph). A device without stream-ordered allocation gets the plain static
@@ -74,6 +71,15 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
       s.sk_span = 0;  // the plain stride: not planned, or no memory for the slots
     }
   }
+  auto kernel = p.softcap > 0.f ? sm90::forward_kernel<T, true> : sm90::forward_kernel<T, false>;
+  if constexpr (T::kStreamK) {
+    using U = typename T::Unsplit;
+    static_assert(U::kSmemBytes == T::kSmemBytes && U::kThreads == T::kThreads, "one launch shape");
+    if (s.sk_span == 0)
+      kernel = p.softcap > 0.f ? sm90::forward_kernel<U, true> : sm90::forward_kernel<U, false>;
+  }
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+        "cudaFuncSetAttribute(forward, shared memory)");
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
   const cudaError_t launched = cudaGetLastError();
   if (scratch != nullptr) check(cudaFreeAsync(scratch, stream), "cudaFreeAsync(forward scratch)");
