@@ -279,6 +279,14 @@ struct HopperFwdTile {
   // there and at d=192 (unmeasured), whose kernels leave the merge out. The causal entries carry
   // it too, so one kernel serves both at d <= 128; under a mask it is never planned.
   bool stream_k = false;
+  // Pairs of CTAs share K and V (a cluster of 2 on adjacent query tiles of one head, each loading
+  // half of every K/V tile into both by TMA multicast; FlashAttention-3 does so at d >= 128
+  // without a mask). Only where the stride takes equal tiles two by two (fwd_launch.cuh). H200,
+  // bench/ab_compare.py against the unpaired kernel, non-causal, 16k tokens, hidden 2048
+  // (bench/results/h200_session27_2026-12-04.txt, call 4): d=128 1.011 / 1.029 / 1.033 at 2k / 4k
+  // / 8k (0.97 -> 0.98, 0.98 -> 1.01, 0.99 -> 1.02 of cuDNN), d=256 1.033 / 1.022 at 2k / 8k; d=64
+  // 1.001 / 0.999, so d=64 keeps one CTA per cluster. d=96 and 192 follow 128 and 256 (unmeasured).
+  bool pair_kv = false;
 };
 
 // d=96 runs in d=128 tiles (the same shared memory and registers; S = Q K^T takes 6 k-steps
@@ -290,10 +298,12 @@ struct HopperFwdTile {
 // 2k / 8k, bench/results/h200_hopper_fwd_ring_2026-11-29.txt): d=96 491 (1.08) / 491 (1.05),
 // causal 371 (1.00) / 454 (1.07); d=192 584 (0.96) / 670 (1.07), causal 478 (0.94) / 629 (1.11).
 constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
-  if (head_dim <= 64) return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false, /*stream_k=*/true};
-  if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true, true, /*stream_k=*/true};  // 96 and 128
-  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false};
-  return {80, 2, 2, !causal, causal, 1, false};
+  if (head_dim <= 64)
+    return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false, /*stream_k=*/true};
+  // 96 and 128
+  if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true, true, /*stream_k=*/true, /*pair_kv=*/true};
+  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false, true, false, /*pair_kv=*/true};
+  return {80, 2, 2, !causal, causal, 1, false, true, false, /*pair_kv=*/true};
 }
 
 // Hopper backward (src/cuda/sm90/bwd_kernel.cuh): 128 keys per CTA (64 per consumer warpgroup,

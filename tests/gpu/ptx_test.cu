@@ -3,13 +3,16 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/swizzle.cuh"
 #include "cuda/sm90/tma.h"
 #include "gpu_util.h"
 
@@ -285,6 +288,61 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
 #endif
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Waits on an mbarrier phase for at most ~50 ms (a wrong CTA mask or arrival target would
+// otherwise hang the test); false on timeout.
+__device__ bool thread_bounded_wait(uint64_t* bar, uint32_t parity) {
+  const long long start = clock64();
+  uint32_t done = 0;
+  while (!done && clock64() - start < 100000000ll)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(ptx::smem_addr(bar)), "r"(parity)
+        : "memory");
+  return done != 0;
+}
+#endif
+
+// The forward's K/V sharing in a cluster of two CTAs: each loads its 32-row half of a 64 x 128 tile
+// into both CTAs by TMA multicast (sm90::thread_tma_load_tile_pair; `half` maps boxes of 32 rows),
+// and each CTA's copy must equal, byte for byte, a plain TMA load of the whole tile (`whole`).
+// Then arrivals across the pair: rank 1 arrives twice on rank 0's barrier (count 2) and rank 0
+// once on rank 1's (count 1), so a remote arrival that landed locally leaves rank 0 waiting.
+// out: per rank, the pair-loaded tile then the plain one; ok: per rank, every wait completed.
+__global__ void __launch_bounds__(128) cluster_pair_kernel(const __grid_constant__ TmaMaps maps, uint4* out, int* ok) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBytes = 64 * 128 * 2;
+  __shared__ __align__(1024) unsigned char tiles[2][kBytes];
+  __shared__ __align__(8) uint64_t bars[3];  // pair-loaded full, plain full, arrivals
+  const uint32_t rank = ptx::thread_cluster_rank();
+  if (threadIdx.x == 0) {
+    ptx::thread_mbarrier_init(&bars[0], 1);
+    ptx::thread_mbarrier_init(&bars[1], 1);
+    ptx::thread_mbarrier_init(&bars[2], rank == 0 ? 2 : 1);
+    ptx::thread_fence_mbarrier_init();
+  }
+  ptx::thread_cluster_sync();
+  if (threadIdx.x == 0) {
+    ptx::thread_mbarrier_arrive_expect_tx(&bars[0], kBytes);
+    flashattn::cuda::sm90::thread_tma_load_tile_pair<64, 2>(tiles[0], &maps.k, &bars[0], 0, 0, 0, int(rank));
+    ptx::thread_mbarrier_arrive_expect_tx(&bars[1], kBytes);
+    flashattn::cuda::sm90::thread_tma_load_tile<64, 2>(tiles[1], &maps.q, &bars[1], 0, 0, 0);
+    for (uint32_t i = 0; i < (rank == 1 ? 2u : 1u); ++i) ptx::thread_mbarrier_arrive_cluster(&bars[2], rank ^ 1u);
+  }
+  bool waited = true;
+  for (int b = 0; b < 3; ++b) waited = thread_bounded_wait(&bars[b], 0) && waited;
+  for (int i = threadIdx.x; i < 2 * kBytes / 16; i += blockDim.x)
+    out[rank * (2 * kBytes / 16) + i] = reinterpret_cast<const uint4*>(tiles)[i];
+  if (!waited) ok[rank] = 0;
+  // Neither CTA exits while the other may still write into its shared memory.
+  ptx::thread_cluster_sync();
+  if (threadIdx.x == 0 && waited) ok[rank] = 1;
+#else
+  if (threadIdx.x == 0) ok[blockIdx.x] = -1;
+#endif
+}
+
 // The Hopper backward's dQ product: C = X^T Y with X [64 K][64 M] and Y [64 K][128 N] both
 // MN-major in shared memory (wgmma ss with A and B transposed, N = 128 spanning Y's two column
 // blocks), plus a plain bulk copy (64 floats) completing on the same mbarrier as the TMA loads.
@@ -336,8 +394,9 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
-// A 64-row, row-major bf16 matrix of `cols` columns as a TMA map (64-row boxes, 128-byte swizzle).
-bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols) {
+// A 64-row, row-major bf16 matrix of `cols` columns as a TMA map (boxes of box_rows rows, 128-byte
+// swizzle).
+bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols, int box_rows = 64) {
   flashattn::cuda::sm90::TmaTensor t;
   t.base = base;
   t.head_dim = cols;
@@ -345,7 +404,7 @@ bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols) {
   t.heads = 1;
   t.batch = 1;
   t.row_stride = cols;
-  return flashattn::cuda::sm90::encode_tma_sw128(map, t, 64);
+  return flashattn::cuda::sm90::encode_tma_sw128(map, t, box_rows);
 }
 
 std::vector<__nv_bfloat16> random_bf16(size_t count, std::mt19937& rng) {
@@ -687,6 +746,54 @@ TEST_F(Ptx, WgmmaTransposedAAndBulkLoadOnHopper) {
   cudaFree(dc);
   cudaFree(dvo);
   cudaFree(ran);
+}
+
+TEST_F(Ptx, ClusterPairSharesTilesAndBarriersOnHopper) {
+  if (!sm90_family()) GTEST_SKIP() << "clusters with TMA multicast need an sm_90a device";
+  std::mt19937 rng(13);
+  const std::vector<__nv_bfloat16> h = random_bf16(64 * 128, rng);
+  __nv_bfloat16* d = to_device(h);
+  TmaMaps maps;
+  ASSERT_TRUE(encode_matrix(&maps.q, d, 128));
+  ASSERT_TRUE(encode_matrix(&maps.k, d, 128, 32));
+  constexpr int kVecs = 64 * 128 * 2 / 16;
+  uint4* out = nullptr;
+  int* ok = nullptr;
+  FA_CUDA_OK(cudaMalloc(&out, 2 * 2 * kVecs * sizeof(uint4)));
+  FA_CUDA_OK(cudaMemset(out, 0xff, 2 * 2 * kVecs * sizeof(uint4)));
+  FA_CUDA_OK(cudaMalloc(&ok, 2 * sizeof(int)));
+  FA_CUDA_OK(cudaMemset(ok, 0, 2 * sizeof(int)));
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(128);
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
+  FA_CUDA_OK(cudaLaunchKernelEx(&cfg, cluster_pair_kernel, maps, out, ok));
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  const auto flags = to_host(ok, 2);
+  if (flags[0] == -1) GTEST_SKIP() << "this build has no sm_90a code";
+  EXPECT_EQ(flags[0], 1) << "rank 0: a wait timed out";
+  EXPECT_EQ(flags[1], 1) << "rank 1: a wait timed out";
+  const auto got = to_host(reinterpret_cast<const uint32_t*>(out), 2 * 2 * kVecs * 4);
+  for (int rank = 0; rank < 2; ++rank)
+    for (int i = 0; i < kVecs * 4; ++i)
+      ASSERT_EQ(got[(2 * rank) * kVecs * 4 + i], got[(2 * rank + 1) * kVecs * 4 + i])
+          << "rank " << rank << " word " << i;
+  // The plain load is the reference: make sure it holds the data (the swizzle permutes 16-byte
+  // chunks within rows of 128 bytes, so the multiset of words per row is the matrix's).
+  std::vector<uint32_t> plain(got.begin() + kVecs * 4, got.begin() + 2 * kVecs * 4);
+  std::vector<uint32_t> want(64 * 128 / 2);
+  std::memcpy(want.data(), h.data(), want.size() * 4);
+  std::sort(plain.begin(), plain.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(plain, want);
+  cudaFree(d);
+  cudaFree(out);
+  cudaFree(ok);
 }
 
 }  // namespace

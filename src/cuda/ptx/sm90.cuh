@@ -1,5 +1,6 @@
 // Our typed layer over the sm90 (Hopper) PTX: the bulk async copy engine (reduce-add, TMA tensor
-// loads), mbarriers, wgmma (descriptors, fences, groups), stmatrix, setmaxnreg and named barriers.
+// loads, multicast to a cluster), mbarriers (also another CTA's of the cluster), cluster barriers,
+// wgmma (descriptors, fences, groups), stmatrix, setmaxnreg and named barriers.
 // Names say who runs them: thread_* per thread, warp_* all 32 lanes of a warp, warpgroup_* all 128
 // threads of a warpgroup (4 consecutive warps starting at a multiple of 4). The wgmma instructions
 // themselves (one per N) are generated into wgmma.cuh. tests/gpu/ptx_test.cu checks each wrapper on
@@ -129,6 +130,50 @@ __device__ __forceinline__ void thread_tma_load_4d(void* smem, const void* tmap,
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
       "[%6];\n" ::"r"(smem_addr(smem)),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// As thread_tma_load_4d, but the box lands at smem's offset in the shared memory of every CTA of
+// the cluster named in cta_mask (bit i: rank i), each completing the bytes on its own mbarrier at
+// bar's offset. The receivers announce them on their own barriers; bytes may land before that.
+__device__ __forceinline__ void thread_tma_load_4d_multicast(void* smem, const void* tmap, uint64_t* bar, int c0,
+                                                             int c1, int c2, int c3, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// ---- thread-block clusters: CTAs that share tiles through each other's shared memory ----------
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t thread_cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every non-exited thread of the cluster's CTAs meets here. Writes before it (mbarrier inits after
+// their fence included) are visible cluster-wide after it; a CTA that passes it last before exit
+// keeps its shared memory alive for what the others still send it.
+__device__ __forceinline__ void thread_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// Arrives (count 1) on the mbarrier at bar's offset in the shared memory of the cluster's CTA of
+// rank `cta` (this CTA's own rank arrives locally). A consumer frees a stage with it once its
+// wgmma reads of the stage are complete (wgmma.wait_group); the default .release.cta semantics
+// suffice for that, as in CUTLASS's cluster pipelines, where .release.cluster costs a GPU-wide
+// memory barrier (MEMBAR.ALL.GPU in SASS) per arrival.
+__device__ __forceinline__ void thread_mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      " .reg .b32 remote;\n"
+      " mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(cta)
       : "memory");
 }
 

@@ -20,6 +20,9 @@
 //   * ping-pong (kPingPong): the consumer warpgroups take turns issuing their GEMMs (named
 //     barriers in a ring), so one warpgroup's softmax runs while another's GEMMs hold the tensor
 //     cores.
+//   * pairs (kPairKV, non-causal): a cluster of two CTAs on adjacent query tiles of one head, each
+//     producer loading half of every K and V tile into both CTAs by TMA multicast; a stage is
+//     refilled once the consumers of both CTAs have released it.
 //   * epilogue: O / l through its own shared-memory buffer (stmatrix into the swizzled layout, so
 //     free of bank conflicts) to a TMA store (fixed-length batches) or 16-byte global stores
 //     bounded by the sequence (varlen), where the tile table asks for it and it fits (d = 96,
@@ -63,7 +66,7 @@ struct FwdParams {
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
-          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true, bool kStreamK_ = false>
+          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true, bool kStreamK_ = false, bool kPairKV_ = false>
 struct FwdTraits {
   using Element = Element_;
   // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
@@ -86,6 +89,12 @@ struct FwdTraits {
   // schedules the main loop differently, and d = 128 at 2k ran 1-2% slower (session 27).
   using Unsplit = FwdTraits<kHeadDim_, Element_, kBlockN_, kConsumerWGs_, kStages_, kPingPong_, kQStages_,
                             kOwnTiles_, kStageO_, false>;
+  // K/V shared by a pair of CTAs (a cluster of 2 on adjacent query tiles of one head): each loads
+  // half of every K and V tile into both, by TMA multicast, and frees a stage only once both
+  // CTAs' consumers are done with it. Half the L2 -> SM traffic of K and V.
+  static constexpr bool kPairKV = kPairKV_;
+  using Paired = FwdTraits<kHeadDim_, Element_, kBlockN_, kConsumerWGs_, kStages_, kPingPong_, kQStages_,
+                           kOwnTiles_, kStageO_, false, true>;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
@@ -196,8 +205,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     for (int s = 0; s < S; ++s) {
       ptx::thread_mbarrier_init(&k_full[s], 1);
       ptx::thread_mbarrier_init(&v_full[s], 1);
-      ptx::thread_mbarrier_init(&k_empty[s], T::kConsumerWGs);
-      ptx::thread_mbarrier_init(&v_empty[s], T::kConsumerWGs);
+      // A paired stage is freed by the consumers of both CTAs (either one's producer refills it
+      // in both).
+      ptx::thread_mbarrier_init(&k_empty[s], T::kConsumerWGs * (T::kPairKV ? 2 : 1));
+      ptx::thread_mbarrier_init(&v_empty[s], T::kConsumerWGs * (T::kPairKV ? 2 : 1));
     }
     for (int s = 0; s < 2; ++s) {
       ptx::thread_mbarrier_init(&tile_full[s], 1);
@@ -205,7 +216,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     }
     ptx::thread_fence_mbarrier_init();
   }
-  __syncthreads();
+  // A paired CTA's partner arrives on its barriers and writes into its stages: both must have
+  // initialized theirs first.
+  if constexpr (T::kPairKV)
+    ptx::thread_cluster_sync();
+  else
+    __syncthreads();
+  const uint32_t rank = T::kPairKV ? ptx::thread_cluster_rank() : 0u;
 
   // Both roles walk the same tiles and count loaded Q tiles (qt) and K/V tiles (it) the same way,
   // so ring stages and barrier phases continue across work tiles. The j-th tile of a CTA is
@@ -247,10 +264,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           const int key0 = int(w.k0 + (w.tiles.n_end - 1 - i) * BN);
           ptx::thread_mbarrier_wait(&k_empty[stage], phase ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
-          thread_tma_load_tile<BN, T::kColBlocks>(sK + stage * T::kKVBytes, &P.tk, &k_full[stage], key0, w.hk, tma_b);
+          if constexpr (T::kPairKV)
+            thread_tma_load_tile_pair<BN, T::kColBlocks>(sK + stage * T::kKVBytes, &P.tk, &k_full[stage], key0, w.hk,
+                                                         tma_b, int(rank));
+          else
+            thread_tma_load_tile<BN, T::kColBlocks>(sK + stage * T::kKVBytes, &P.tk, &k_full[stage], key0, w.hk, tma_b);
           ptx::thread_mbarrier_wait(&v_empty[stage], phase ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
-          thread_tma_load_tile<BN, T::kColBlocks>(sV + stage * T::kKVBytes, &P.tv, &v_full[stage], key0, w.hk, tma_b);
+          if constexpr (T::kPairKV)
+            thread_tma_load_tile_pair<BN, T::kColBlocks>(sV + stage * T::kKVBytes, &P.tv, &v_full[stage], key0, w.hk,
+                                                         tma_b, int(rank));
+          else
+            thread_tma_load_tile<BN, T::kColBlocks>(sV + stage * T::kKVBytes, &P.tv, &v_full[stage], key0, w.hk, tma_b);
         }
       }
     }
@@ -447,6 +472,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     auto release = [&](uint64_t* empty) {
       if (tid == 0) ptx::thread_mbarrier_arrive(empty);
     };
+    // A K or V stage; paired, the partner CTA's copy of it too (a thread of another warp arrives
+    // there, so the two arrivals issue side by side).
+    auto release_kv = [&](uint64_t* empty) {
+      release(empty);
+      if constexpr (T::kPairKV)
+        if (tid == 32) ptx::thread_mbarrier_arrive_cluster(empty, rank ^ 1u);
+    };
     // A key tile this warpgroup skips: it still takes its ping-pong turn (every warpgroup takes
     // count + 1 per work tile, so the ring stays in step) and releases the tile's stages. It waits
     // for the loads first: an arrival before the producer refilled the stage would count towards
@@ -457,9 +489,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       const int stage = k % S;
       const uint32_t phase = uint32_t(k / S) & 1u;
       ptx::thread_mbarrier_wait(&k_full[stage], phase);
-      release(&k_empty[stage]);
+      release_kv(&k_empty[stage]);
       ptx::thread_mbarrier_wait(&v_full[stage], phase);
-      release(&v_empty[stage]);
+      release_kv(&v_empty[stage]);
     };
 
     if (count > 0) {
@@ -485,7 +517,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           turn_pass();
           ptx::warpgroup_wait<0>();
           ptx::thread_pin(s);
-          release(&k_empty[stage]);
+          release_kv(&k_empty[stage]);
           float factor[2];
           softmax(s, n_last, factor);
           pack_p(s);
@@ -507,14 +539,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           turn_pass();
           ptx::warpgroup_wait<1>();  // S_i landed; P_{i-1} V_{i-1} may still run
           ptx::thread_pin(s);
-          release(&k_empty[cur % S]);
+          release_kv(&k_empty[cur % S]);
           float factor[2];
           softmax(s, n_last - i, factor);
           ptx::warpgroup_wait<0>();
           ptx::thread_pin(pf);
 #pragma unroll
           for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
-          release(&v_empty[prev % S]);
+          release_kv(&v_empty[prev % S]);
           rescale_o(factor);
           pack_p(s);
         }
@@ -530,7 +562,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           ptx::thread_pin(pf);
 #pragma unroll
           for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);
-          release(&v_empty[last % S]);
+          release_kv(&v_empty[last % S]);
         }
       }
 #pragma unroll 1
@@ -682,8 +714,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     }
   }
   if constexpr (T::kPingPong) ptx::thread_named_sync_if(cwg == 0, T::kTurnBarrier, 256);
-  // Shared memory must outlive the bulk stores that read it.
+  // Shared memory must outlive the bulk stores that read it, and, paired, the partner's last
+  // loads into it and arrivals on its barriers (the producers have exited: the cluster barrier
+  // waits only for threads still running).
   if (T::kSeparateO && tid == 0) ptx::thread_bulk_wait_all();
+  if constexpr (T::kPairKV) ptx::thread_cluster_sync();
 #endif
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/common.cuh"
@@ -13,10 +14,39 @@
 
 namespace flashattn::cuda {
 
+// Clusters of two CTAs of `kernel` that fit on the current device at once (0: none), cached per
+// device: the query is a driver round trip, the answer fixed per kernel and device.
+template <class Kernel>
+int resident_pairs(Kernel kernel, int threads, int smem_bytes) {
+  static std::atomic<int> cached[64];
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device] - 1;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem_bytes);
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
+  int pairs = 0;
+  if (cudaOccupancyMaxActiveClusters(&pairs, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    pairs = 0;
+  }
+  if (device < 64) cached[device].store(pairs + 1, std::memory_order_relaxed);
+  return pairs;
+}
+
 // Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes):
 // one CTA per SM walking the tiles, by static stride (with a stream-K tail where T has it, tiles
-// are equal and it pays, tile_scheduler.h) or (dynamic) drawing them from a counter.
-template <class T>
+// are equal and it pays, tile_scheduler.h) or (dynamic) drawing them from a counter. kPairKV: the
+// tile table lets equal tiles in pairs share K and V (FwdTraits::Paired) where the stride takes
+// them two by two.
+template <class T, bool kPairKV = false>
 bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bool dynamic) {
   constexpr int kHeadDim = T::kHeadDim;
   sm90::FwdParams P{};
@@ -39,7 +69,7 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   const int64_t tiles = int64_t(s.num_m_blocks) * s.heads * s.batch;
   if (tiles == 0) return true;
   if (tiles > int64_t(INT32_MAX)) return false;  // tile indices are int: the portable path takes it
-  const unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
+  unsigned grid = unsigned(std::min<int64_t>(tiles, num_sms));
   // The counter and the stream-K merge slots are stream-ordered memory (no host synchronization;
   // capturable in a graph). A device without stream-ordered allocation gets the plain static
   // stride instead (slower on uneven causal tiles and in the last wave, same result).
@@ -78,10 +108,51 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
     if (s.sk_span == 0)
       kernel = p.softcap > 0.f ? sm90::forward_kernel<U, true> : sm90::forward_kernel<U, false>;
   }
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
-        "cudaFuncSetAttribute(forward, shared memory)");
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
-  const cudaError_t launched = cudaGetLastError();
+  // Pairs: CTAs 2c and 2c + 1 of the stride take tiles 2i and 2i + 1, query tiles m and m + 1 of
+  // one head when a head's query tiles are even in number (m fastest, not longest-first), and
+  // every tile visits all key tiles (no mask, so both walk the same key tiles in step).
+  bool paired = false;
+  if constexpr (kPairKV) {
+    using PK = typename T::Paired;
+    static_assert(PK::kSmemBytes == T::kSmemBytes && PK::kThreads == T::kThreads, "one launch shape");
+    if (!dynamic && !varlen && p.window_left < 0 && p.window_right < 0 && s.sk_span == 0 && !s.longest_first &&
+        s.num_m_blocks % 2 == 0) {
+      auto pk = p.softcap > 0.f ? sm90::forward_kernel<PK, true> : sm90::forward_kernel<PK, false>;
+      check(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+            "cudaFuncSetAttribute(forward, shared memory)");
+      const unsigned pair_grid = std::min(grid, 2u * unsigned(resident_pairs(pk, T::kThreads, T::kSmemBytes))) & ~1u;
+      // Each CTA loads half of every K and V tile: the maps' boxes hold kBlockN / 2 rows.
+      if (pair_grid > 0 && sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), T::kBlockN / 2) &&
+          sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN / 2)) {
+        paired = true;
+        grid = pair_grid;
+        kernel = pk;
+      } else if (!sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), T::kBlockN) ||
+                 !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN)) {
+        return false;
+      }
+    }
+  }
+  cudaError_t launched = cudaSuccess;
+  if (paired) {
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(T::kThreads);
+    cfg.dynamicSmemBytes = T::kSmemBytes;
+    cfg.stream = stream;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    launched = cudaLaunchKernelEx(&cfg, kernel, P);
+  } else {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+          "cudaFuncSetAttribute(forward, shared memory)");
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);
+    launched = cudaGetLastError();
+  }
   if (scratch != nullptr) check(cudaFreeAsync(scratch, stream), "cudaFreeAsync(forward scratch)");
   check(launched, "flashattn forward kernel (Hopper path)");
   return true;
@@ -97,7 +168,7 @@ bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
   using Plain = sm90::FwdTraits<kHeadDim, Element, a.block_n, a.consumer_wgs, a.stages, a.ping_pong, a.q_stages,
                                 a.own_tiles, a.stage_o, a.stream_k>;
   if (p.window_right >= 0) return launch_forward_hopper<Causal>(p, stream, c.dynamic);
-  return launch_forward_hopper<Plain>(p, stream, a.dynamic);
+  return launch_forward_hopper<Plain, a.pair_kv>(p, stream, a.dynamic);
 }
 
 }  // namespace flashattn::cuda

@@ -25,6 +25,20 @@ __device__ __forceinline__ void thread_tma_load_tile(unsigned char* smem, const 
 #pragma unroll
   for (int c = 0; c < kColBlocks; ++c) ptx::thread_tma_load_4d(smem + c * kRows * 128, tmap, bar, 64 * c, row, head, batch);
 }
+
+// The same tile shared by a pair of CTAs in a cluster: this CTA (rank `rank`) loads its half of the
+// rows (the map's box holds kRows / 2) into both CTAs' shared memory at the same offsets, each
+// half completing on each CTA's own `bar`. Together the two give each CTA the whole tile.
+template <int kRows, int kColBlocks>
+__device__ __forceinline__ void thread_tma_load_tile_pair(unsigned char* smem, const void* tmap, uint64_t* bar, int row,
+                                                          int head, int batch, int rank) {
+  constexpr int kHalf = kRows / 2;
+  static_assert(kHalf % 8 == 0, "a half starts on a whole swizzle pattern (8 rows)");
+#pragma unroll
+  for (int c = 0; c < kColBlocks; ++c)
+    ptx::thread_tma_load_4d_multicast(smem + c * kRows * 128 + rank * kHalf * 128, tmap, bar, 64 * c,
+                                      row + rank * kHalf, head, batch, uint16_t(0x3));
+}
 #endif
 
 }  // namespace flashattn::cuda::sm90
