@@ -1,9 +1,10 @@
 // Host-side helpers shared by the CUDA launchers: error checking that turns CUDA failures into
-// flashattn::Error, the device a call runs on, and its attributes.
+// flashattn::Error, the device a call runs on, its attributes, and launches in clusters of two.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 
 #include "flashattn/flashattn.hpp"
@@ -40,5 +41,43 @@ class DeviceGuard {
  private:
   int previous_ = 0;
 };
+
+// Launches of `grid` CTAs (even) in thread-block clusters of two, the Hopper kernels' CTA pairs.
+struct PairLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  PairLaunch(unsigned grid, int threads, int smem_bytes, cudaStream_t stream) {
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = size_t(smem_bytes);
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  PairLaunch(const PairLaunch&) = delete;
+  PairLaunch& operator=(const PairLaunch&) = delete;
+};
+
+// Pairs of CTAs of `kernel` that fit on the current device at once (0: none), cached per device
+// (the query is a driver round trip, the answer fixed per kernel and device). The kernel's
+// shared-memory attribute must be set first.
+template <class Kernel>
+int resident_pairs(Kernel kernel, int threads, int smem_bytes) {
+  static std::atomic<int> cached[64];  // pairs + 1; 0: not asked yet
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device] - 1;
+  const PairLaunch launch(2, threads, smem_bytes, nullptr);
+  int pairs = 0;
+  if (cudaOccupancyMaxActiveClusters(&pairs, kernel, &launch.config) != cudaSuccess) {
+    cudaGetLastError();
+    pairs = 0;
+  }
+  if (device < 64) cached[device].store(pairs + 1, std::memory_order_relaxed);
+  return pairs;
+}
 
 }  // namespace flashattn::cuda

@@ -352,6 +352,11 @@ struct HopperBwdTile {
   int dq_buffers;  // fp32 dQ tiles between the consumers and the writer warp
 };
 
+// Measured and not kept: the forward's CTA pairs (HopperFwdTile::pair_kv) on the backward's Q and
+// dO, two CTAs on adjacent key tiles of one head each loading half of every Q and dO tile into
+// both (default mode, no mask, static stride). A step reads 40 KB of Q and dO for 13 MFLOP where
+// a forward key tile reads 64 KB for 8: B/A 0.99-1.005 at d=128 2k-16k, 1.00-1.01 at d=64 (H200,
+// bench/results/h200_session27_2026-12-04.txt, call 5).
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
   if (head_dim <= 64) return {128, 2, 1};
   if (head_dim <= 128) return {80, 2, 1};

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "cuda/common.cuh"
@@ -13,33 +12,6 @@
 #include "cuda/tile_size.h"
 
 namespace flashattn::cuda {
-
-// Clusters of two CTAs of `kernel` that fit on the current device at once (0: none), cached per
-// device: the query is a driver round trip, the answer fixed per kernel and device.
-template <class Kernel>
-int resident_pairs(Kernel kernel, int threads, int smem_bytes) {
-  static std::atomic<int> cached[64];
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device] - 1;
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = size_t(smem_bytes);
-  cfg.attrs = &cluster;
-  cfg.numAttrs = 1;
-  int pairs = 0;
-  if (cudaOccupancyMaxActiveClusters(&pairs, kernel, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    pairs = 0;
-  }
-  if (device < 64) cached[device].store(pairs + 1, std::memory_order_relaxed);
-  return pairs;
-}
 
 // Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes):
 // one CTA per SM walking the tiles, by static stride (with a stream-K tail where T has it, tiles
@@ -135,18 +107,8 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
   }
   cudaError_t launched = cudaSuccess;
   if (paired) {
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2;
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(T::kThreads);
-    cfg.dynamicSmemBytes = T::kSmemBytes;
-    cfg.stream = stream;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    launched = cudaLaunchKernelEx(&cfg, kernel, P);
+    const PairLaunch launch(grid, T::kThreads, T::kSmemBytes, stream);
+    launched = cudaLaunchKernelEx(&launch.config, kernel, P);
   } else {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
           "cudaFuncSetAttribute(forward, shared memory)");
