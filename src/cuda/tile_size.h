@@ -277,7 +277,9 @@ struct HopperFwdTile {
   // Cut at more waves it ran 0.97-1.02 (calls 1-3), which the plan now leaves alone, and d=256
   // (80-key tiles, a merge slot twice d=128's) 0.93 at s=1024 24 heads and 0.97-1.02 from 2k: off
   // there and at d=192 (unmeasured), whose kernels leave the merge out. The causal entries carry
-  // it too, so one kernel serves both at d <= 128; under a mask it is never planned.
+  // it too, so one traits type serves both at d <= 128; under a mask it is never planned, and a
+  // launch that cuts no tile runs that type's Unsplit kernel (the merge compiled in cost 1-2% at
+  // d=128 2k: bench/results/h200_session27_2026-12-04.txt, calls 2-3).
   bool stream_k = false;
   // Pairs of CTAs share K and V (a cluster of 2 on adjacent query tiles of one head, each loading
   // half of every K/V tile into both by TMA multicast; FlashAttention-3 does so at d >= 128
