@@ -247,19 +247,20 @@ TEST_F(GpuForward, TilesCutAcrossCtasInTheLastWave) {
 }
 
 // Without a mask, when a head's query tiles are even in number, the Hopper path runs CTAs in
-// pairs (clusters of 2) on adjacent query tiles of one head, each loading half of every K and V
-// tile into both. More tiles than SMs (several pairs of tiles per CTA), a partial last query tile
-// and key tile, GQA, softcap, seqlen_q != seqlen_k; then the odd tile count that runs unpaired.
+// pairs (clusters of 2) on adjacent query tiles of one head at d=96 to 256, each loading half of
+// every K and V tile into both. More tiles than SMs (several pairs of tiles per CTA), a partial
+// last query tile and key tile, GQA, softcap, seqlen_q != seqlen_k; then an odd tile count and
+// d=64, which run unpaired.
 TEST_F(GpuForward, PairsOfCtasShareKeyAndValueTiles) {
   uint32_t seed = 390;
   struct Shape {
     int64_t d, batch, hq, hkv, sq, sk;
     float softcap;
   };
-  // Query tiles per head: 192 rows at d=64, 128 at d=96, 128 and 256.
-  for (const Shape& sh : {Shape{128, 2, 20, 4, 1024, 1000, 0.f}, Shape{64, 1, 24, 8, 1100, 777, 5.f},
-                          Shape{256, 1, 10, 10, 512, 1500, 0.f}, Shape{96, 3, 4, 2, 256, 300, 0.f},
-                          Shape{128, 1, 6, 3, 384, 513, 0.f}}) {
+  // Query tiles of 128 rows (192 at d=64).
+  for (const Shape& sh : {Shape{128, 2, 20, 4, 1000, 1000, 0.f}, Shape{256, 1, 10, 5, 500, 1500, 5.f},
+                          Shape{96, 3, 4, 2, 256, 300, 0.f}, Shape{128, 1, 8, 8, 1024, 333, 5.f},
+                          Shape{128, 1, 6, 3, 384, 513, 0.f}, Shape{64, 1, 24, 8, 1100, 777, 5.f}}) {
     Case c;
     c.batch = sh.batch;
     c.heads_q = sh.hq;
