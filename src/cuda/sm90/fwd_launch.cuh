@@ -93,15 +93,19 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
       check(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
             "cudaFuncSetAttribute(forward, shared memory)");
       const unsigned pair_grid = std::min(grid, 2u * unsigned(resident_pairs(pk, T::kThreads, T::kSmemBytes))) & ~1u;
-      // Each CTA loads half of every K and V tile: the maps' boxes hold kBlockN / 2 rows.
-      if (pair_grid > 0 && sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), T::kBlockN / 2) &&
-          sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN / 2)) {
-        paired = true;
+      // Each CTA loads half of every K and V tile: the maps' boxes hold kBlockN / 2 rows (if the
+      // driver rejects those, the whole-tile maps are restored and the CTAs run unpaired).
+      auto encode_kv = [&](int rows) {
+        return sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), rows) &&
+               sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), rows);
+      };
+      if (pair_grid > 0) {
+        paired = encode_kv(T::kBlockN / 2);
+        if (!paired && !encode_kv(T::kBlockN)) return false;
+      }
+      if (paired) {
         grid = pair_grid;
         kernel = pk;
-      } else if (!sm90::encode_tma_sw128(&P.tk, view(p.k, p.k_s, p.heads_kv, true), T::kBlockN) ||
-                 !sm90::encode_tma_sw128(&P.tv, view(p.v, p.v_s, p.heads_kv, true), T::kBlockN)) {
-        return false;
       }
     }
   }
