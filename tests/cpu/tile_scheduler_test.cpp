@@ -2,9 +2,10 @@
 // promises are checked here, where CI runs. Every index maps to a distinct (query tile, head,
 // batch); without a right bound a head's query tiles are adjacent; with one, tiles come longest
 // first within each L2 section of heads, and sections cover the heads in order; a section's K and
-// V fit in half the L2.
+// V fit in half the L2; the stream-K tail's units; the stride's CTA pairs on adjacent query tiles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -171,6 +172,33 @@ TEST(TileScheduler, StreamKOnlyWhereItPays) {
   flashattn::cuda::plan_stream_k(off, 132, 16);
   WorkUnit u;
   for (int j = 0; off.unit(5, 132, j, &u); ++j) EXPECT_EQ(u.idx, 5 + 132 * j);
+}
+
+// The Hopper forward's CTA pairs (src/cuda/sm90/fwd_launch.cuh) rest on the plain stride: with an
+// even grid and an even number of query tiles per head, CTAs 2c and 2c + 1 take, at every step,
+// query tiles 2i and 2i + 1 of one (head, batch), and both run out of tiles at the same step (the
+// multicast halves of one CTA would otherwise never reach its partner).
+TEST(TileScheduler, PairsOfCtasTakeAdjacentQueryTilesOfOneHead) {
+  for (auto [m, h, b, grid] : {std::tuple{16, 16, 8, 132}, std::tuple{2, 5, 3, 132}, std::tuple{8, 7, 1, 132},
+                               std::tuple{6, 13, 2, 10}, std::tuple{4, 1, 1, 2}}) {
+    const TileScheduler s{m, h, b, 1, false};
+    const int launched = std::min(grid, s.num_tiles());
+    ASSERT_EQ(launched % 2, 0);
+    for (int c = 0; c < launched / 2; ++c) {
+      WorkUnit u0, u1;
+      int j = 0;
+      for (;; ++j) {
+        const bool more0 = s.unit(2 * c, launched, j, &u0), more1 = s.unit(2 * c + 1, launched, j, &u1);
+        ASSERT_EQ(more0, more1) << "pair " << c << " step " << j;
+        if (!more0) break;
+        int m0, h0, b0, m1, h1, b1;
+        s.tile(u0.idx, &m0, &h0, &b0);
+        s.tile(u1.idx, &m1, &h1, &b1);
+        EXPECT_TRUE(m0 % 2 == 0 && m1 == m0 + 1 && h1 == h0 && b1 == b0) << "pair " << c << " step " << j;
+      }
+      EXPECT_GT(j, 0);
+    }
+  }
 }
 
 }  // namespace
