@@ -305,8 +305,9 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
     return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false, /*stream_k=*/true};
   // 96 and 128
   if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true, true, /*stream_k=*/true, /*pair_kv=*/true};
-  if (head_dim <= 192) return {112, 2, 2, !causal, causal, 1, false, true, false, /*pair_kv=*/true};
-  return {80, 2, 2, !causal, causal, 1, false, true, false, /*pair_kv=*/true};
+  if (head_dim <= 192)
+    return {112, 2, 2, !causal, causal, 1, false, /*stage_o=*/true, /*stream_k=*/false, /*pair_kv=*/true};
+  return {80, 2, 2, !causal, causal, 1, false, /*stage_o=*/true, /*stream_k=*/false, /*pair_kv=*/true};
 }
 
 // Hopper backward (src/cuda/sm90/bwd_kernel.cuh): 128 keys per CTA (64 per consumer warpgroup,

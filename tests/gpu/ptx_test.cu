@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -763,16 +764,8 @@ TEST_F(Ptx, ClusterPairSharesTilesAndBarriersOnHopper) {
   FA_CUDA_OK(cudaMemset(out, 0xff, 2 * 2 * kVecs * sizeof(uint4)));
   FA_CUDA_OK(cudaMalloc(&ok, 2 * sizeof(int)));
   FA_CUDA_OK(cudaMemset(ok, 0, 2 * sizeof(int)));
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(128);
-  cfg.attrs = &cluster;
-  cfg.numAttrs = 1;
-  FA_CUDA_OK(cudaLaunchKernelEx(&cfg, cluster_pair_kernel, maps, out, ok));
+  const flashattn::cuda::PairLaunch launch(2, 128, 0, nullptr);
+  FA_CUDA_OK(cudaLaunchKernelEx(&launch.config, cluster_pair_kernel, maps, out, ok));
   FA_CUDA_OK(cudaDeviceSynchronize());
   const auto flags = to_host(ok, 2);
   if (flags[0] == -1) GTEST_SKIP() << "this build has no sm_90a code";

@@ -262,20 +262,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           const int stage = it % S;
           const uint32_t phase = uint32_t(it / S) & 1u;
           const int key0 = int(w.k0 + (w.tiles.n_end - 1 - i) * BN);
+          // The whole tile, or paired, this CTA's half of it into both CTAs.
+          auto load_kv = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* full) {
+            if constexpr (T::kPairKV)
+              thread_tma_load_tile_pair<BN, T::kColBlocks>(dst, map, full, key0, w.hk, tma_b, int(rank));
+            else
+              thread_tma_load_tile<BN, T::kColBlocks>(dst, map, full, key0, w.hk, tma_b);
+          };
           ptx::thread_mbarrier_wait(&k_empty[stage], phase ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
-          if constexpr (T::kPairKV)
-            thread_tma_load_tile_pair<BN, T::kColBlocks>(sK + stage * T::kKVBytes, &P.tk, &k_full[stage], key0, w.hk,
-                                                         tma_b, int(rank));
-          else
-            thread_tma_load_tile<BN, T::kColBlocks>(sK + stage * T::kKVBytes, &P.tk, &k_full[stage], key0, w.hk, tma_b);
+          load_kv(sK + stage * T::kKVBytes, &P.tk, &k_full[stage]);
           ptx::thread_mbarrier_wait(&v_empty[stage], phase ^ 1u);
           ptx::thread_mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
-          if constexpr (T::kPairKV)
-            thread_tma_load_tile_pair<BN, T::kColBlocks>(sV + stage * T::kKVBytes, &P.tv, &v_full[stage], key0, w.hk,
-                                                         tma_b, int(rank));
-          else
-            thread_tma_load_tile<BN, T::kColBlocks>(sV + stage * T::kKVBytes, &P.tv, &v_full[stage], key0, w.hk, tma_b);
+          load_kv(sV + stage * T::kKVBytes, &P.tv, &v_full[stage]);
         }
       }
     }

@@ -13,6 +13,12 @@
 
 namespace flashattn::cuda {
 
+// The kernel of traits X for this call: with or without the softcap's tanh.
+template <class X>
+auto forward_kernel_for(const core::ForwardParams& p) {
+  return p.softcap > 0.f ? sm90::forward_kernel<X, true> : sm90::forward_kernel<X, false>;
+}
+
 // Launches the kernel of traits T (bench/hopper_tile_sweep.cu calls this with candidate shapes):
 // one CTA per SM walking the tiles, by static stride (with a stream-K tail where T has it, tiles
 // are equal and it pays, tile_scheduler.h) or (dynamic) drawing them from a counter. kPairKV: the
@@ -73,12 +79,11 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
       s.sk_span = 0;  // the plain stride: not planned, or no memory for the slots
     }
   }
-  auto kernel = p.softcap > 0.f ? sm90::forward_kernel<T, true> : sm90::forward_kernel<T, false>;
+  auto kernel = forward_kernel_for<T>(p);
   if constexpr (T::kStreamK) {
     using U = typename T::Unsplit;
     static_assert(U::kSmemBytes == T::kSmemBytes && U::kThreads == T::kThreads, "one launch shape");
-    if (s.sk_span == 0)
-      kernel = p.softcap > 0.f ? sm90::forward_kernel<U, true> : sm90::forward_kernel<U, false>;
+    if (s.sk_span == 0) kernel = forward_kernel_for<U>(p);
   }
   // Pairs: CTAs 2c and 2c + 1 of the stride take tiles 2i and 2i + 1, query tiles m and m + 1 of
   // one head when a head's query tiles are even in number (m fastest, not longest-first), and
@@ -89,7 +94,7 @@ bool launch_forward_hopper(const core::ForwardParams& p, cudaStream_t stream, bo
     static_assert(PK::kSmemBytes == T::kSmemBytes && PK::kThreads == T::kThreads, "one launch shape");
     if (!dynamic && !varlen && p.window_left < 0 && p.window_right < 0 && s.sk_span == 0 && !s.longest_first &&
         s.num_m_blocks % 2 == 0) {
-      auto pk = p.softcap > 0.f ? sm90::forward_kernel<PK, true> : sm90::forward_kernel<PK, false>;
+      auto pk = forward_kernel_for<PK>(p);
       check(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
             "cudaFuncSetAttribute(forward, shared memory)");
       const unsigned pair_grid = std::min(grid, 2u * unsigned(resident_pairs(pk, T::kThreads, T::kSmemBytes))) & ~1u;
