@@ -19,7 +19,8 @@
 //       dV += P^T dO, dK += dS^T Q        (wgmma with P^T, dS^T from registers: the accumulator
 //                                           layout is the A-fragment layout; dO, Q MN-major; at
 //                                           d = 64 dV is issued before dS is computed, dS then
-//                                           from P's 16-bit fragments: BwdTraits::kEarlyDv)
+//                                           from P's 16-bit fragments: BwdTraits::kEarlyDv; with
+//                                           80-row tiles dS^T from the dS tile in shared memory)
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
 //                                           MN-major; the two warpgroups split dQ's rows when
 //                                           kBlockM = 128, else its columns; with 80-row tiles,
@@ -90,6 +91,8 @@ struct BwdTraits {
   static constexpr int kDqFullBarrier = 1;
   static constexpr int kDqEmptyBarrier = kDqFullBarrier + kDqBuffers;
   static constexpr int kDsBarrier = kDqEmptyBarrier + kDqBuffers;
+  // kDqTransposed: each consumer warpgroup's own "my dS is in shared memory" (ids + 0, + 1).
+  static constexpr int kOwnDsBarrier = kDsBarrier + 1;
   // Roles that read the producer's drawn tile indices: the consumers and the dQ writer warp.
   static constexpr int kTileReaders = 256 + 32;
   // mbarriers: K/V full and empty, then Q full, dO full, Q/dO empty per stage, then the tile
@@ -503,31 +506,44 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::thread_fence_proxy_async_smem();
 
         ptx::thread_pin(pf);
-        ptx::thread_pin(dsf);
         ptx::thread_pin(dv);
         ptx::thread_pin(dk);
-        ptx::warpgroup_fence();
-        if constexpr (!kEarlyDv) issue_dkv(dv, pf, do_mn);
-        issue_dkv(dk, dsf, q_mn);
-        ptx::warpgroup_commit();
-
-        // With 80-row tiles, dV and dK (their P^T, dS^T fragments) complete before dQ starts: with
-        // both in flight the accumulators leave ptxas too few registers, and it serializes every
-        // wgmma of the kernel.
-        if constexpr (T::kDqTransposed) {
-          ptx::warpgroup_wait<0>();
-          thread_release_stage(ring, stage, dv, dk, pf, dsf);
-        }
-        ptx::thread_named_sync(T::kDsBarrier, 256);
         float dq[T::kDqN / 2];
         if constexpr (T::kDqTransposed) {
+          // dV from P's fragments and dK = dS^T Q with dS^T read (transposed) from this
+          // warpgroup's keys of the [query][key] tile dQ^T reads, once all four of its warps
+          // stored theirs: with no dS fragments held for dK, dV, dK and dQ^T fit in registers in
+          // flight together, so dV and dK run on while the warpgroups meet at the dS barrier and
+          // dQ^T follows them. With dK from registers, both had to complete before the barrier
+          // (else ptxas ran out of registers and serialized every wgmma). Against that order
+          // (H200, bench/ab_compare.py, 7 rounds, bench/results/h200_session28_2026-12-04.txt,
+          // call 4), B/A at 2k / 4k / 8k / 16k: non-causal 1.003 / 1.009 / 1.008 / 1.025, causal
+          // 1.002 / 1.005 / 1.013 / 1.017.
+          ptx::thread_named_sync(T::kOwnDsBarrier + cwg, 128);
+          ptx::warpgroup_fence();
+          issue_dkv(dv, pf, do_mn);
+          const uint64_t dst_desc = ptx::make_smem_desc_sw128(sdSs + cwg * BM * 128, BM * 128, 1024);
+#pragma unroll
+          for (int k = 0; k < BM / 16; ++k)
+            ptx::Wgmma<E, D>::template ss<1, 1>(dk, dst_desc + uint64_t((k * 2048) >> 4),
+                                                q_mn + uint64_t((k * 2048) >> 4), 1);
+          ptx::warpgroup_commit();
+          ptx::thread_named_sync(T::kDsBarrier, 256);
           warpgroup_issue_dq_t<T>(dq, kmn_desc, ptx::make_smem_desc_sw128(sdSs, 16, 1024));
+          ptx::warpgroup_wait<0>();
+          thread_release_stage(ring, stage, dv, dk, pf, dq);
         } else {
+          ptx::thread_pin(dsf);
+          ptx::warpgroup_fence();
+          if constexpr (!kEarlyDv) issue_dkv(dv, pf, do_mn);
+          issue_dkv(dk, dsf, q_mn);
+          ptx::warpgroup_commit();
+          ptx::thread_named_sync(T::kDsBarrier, 256);
           warpgroup_issue_dq<T, T::kDqN>(dq, ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024), kmn_desc);
           ptx::warpgroup_wait<1>();  // dV and dK
           thread_release_stage(ring, stage, dv, dk, pf, dsf);
+          ptx::warpgroup_wait<0>();
         }
-        ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
         store_dq(dq, it);
       }
