@@ -319,8 +319,10 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //   d=128: block_m 80 (FlashAttention-3's non-causal shape): 64 + 80 + 40 + 40 = 224 KB with one
 //          dQ buffer; registers 128 + 40 + 40 (d=96 runs in these tiles, src/cuda/sm90/
 //          bwd_launch.cuh). wgmma's M is a multiple of 64, so dQ is computed transposed (dQ^T =
-//          K^T dS^T, dS stored [query][key]), and dV, dK complete before dQ starts (with both in
-//          flight ptxas serialized every wgmma for want of registers). Against the former block_m
+//          K^T dS^T, dS stored [query][key]); dK reads dS^T from that tile too, so no dS
+//          fragments stay in registers and dV, dK and dQ^T fit in flight together (with dK from
+//          registers ptxas serialized every wgmma unless dV and dK completed first; B/A 1.002-1.025
+//          at 2k-16k, bench/results/h200_session28_2026-12-04.txt, call 4). Against the former block_m
 //          64 with two dQ buffers (H200, bf16, 16k tokens, hidden 2048, bench/ab_compare.py, B/A at
 //          2k / 4k / 8k / 16k, bench/results/h200_hopper_bwd_m80_2026-12-02.txt): non-causal 0.996 /
 //          1.005 / 1.007 / 1.021, again 1.013 / 1.013 / 1.010 / 1.024 (deterministic 1.039 at 2k,
@@ -361,6 +363,14 @@ struct HopperBwdTile {
 // both (default mode, no mask, static stride). A step reads 40 KB of Q and dO for 13 MFLOP where
 // a forward key tile reads 64 KB for 8: B/A 0.99-1.005 at d=128 2k-16k, 1.00-1.01 at d=64 (H200,
 // bench/results/h200_session27_2026-12-04.txt, call 5).
+// Nor a stream-K tail (default mode, no mask): the anchors' 2048 key tiles at d=128 (4096 at d=64)
+// are 15.5 (31.03) waves on 132 SMs, and the CTAs took whole waves and then the rest in equal spans
+// of query steps, the two units of a cut key tile adding their fp32 dK, dV through a merge slot
+// with a ticket (no waiting). Static spans: B/A 0.984-1.012 at d=64 and 128, 2k-16k; spans drawn
+// from the counter after the whole tiles: 0.990-1.006 (H200, bench/results/
+// h200_session28_2026-12-04.txt, calls 1-2), as in the forward past two waves: the SMs that the
+// partial wave leaves idle let the others run faster.
+
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
   if (head_dim <= 64) return {128, 2, 1};
   if (head_dim <= 128) return {80, 2, 1};

@@ -416,7 +416,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
-          // P^T while dP^T is still on the tensor cores.
+          // P^T while dP^T is still on the tensor cores: so at d = 64, where dV waits for it. In
+          // the 80-row kernel ptxas places the dP^T wait before the exps (only the scaling FMAs
+          // run under dP^T; SASS since 2026-12-04, and a named barrier after the exps did not hold
+          // them there), and issuing dV after them (kEarlyDv) ran 0.89-0.97x with spills and a
+          // bf16 P in dS (bench/results/h200_session28_2026-12-04.txt, call 3).
 #pragma unroll
           for (int j = 0; j < BM / 8; ++j) {
             const float2 l = lse2[4 * j];
