@@ -419,8 +419,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // P^T while dP^T is still on the tensor cores: so at d = 64, where dV waits for it. In
           // the 80-row kernel ptxas places the dP^T wait before the exps (only the scaling FMAs
           // run under dP^T; SASS since 2026-12-04, and a named barrier after the exps did not hold
-          // them there), and issuing dV after them (kEarlyDv) ran 0.89-0.97x with spills and a
-          // bf16 P in dS (bench/results/h200_session28_2026-12-04.txt, call 3).
+          // them there). Issuing dV after them (kEarlyDv) ran 0.89-0.97x with spills and a bf16 P
+          // in dS; the exps in a loop that runs once (its count hidden from the compiler, and
+          // ptxas moves nothing out of a loop) did run under dP^T, 1.00-1.05x without a mask but
+          // 0.98-0.99x with one, no gain overall (bench/results/h200_session28_2026-12-04.txt,
+          // calls 3 and 5).
 #pragma unroll
           for (int j = 0; j < BM / 8; ++j) {
             const float2 l = lse2[4 * j];
