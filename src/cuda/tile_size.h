@@ -370,7 +370,6 @@ struct HopperBwdTile {
 // from the counter after the whole tiles: 0.990-1.006 (H200, bench/results/
 // h200_session28_2026-12-04.txt, calls 1-2), as in the forward past two waves: the SMs that the
 // partial wave leaves idle let the others run faster.
-
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
   if (head_dim <= 64) return {128, 2, 1};
   if (head_dim <= 128) return {80, 2, 1};
