@@ -540,6 +540,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           ptx::thread_pin(s);
           release_kv(&k_empty[cur % S]);
           float factor[2];
+          // In the machine code this softmax does not run under P_{i-1} V_{i-1}: ptxas places the
+          // wait below ahead of it (only the mask's selects stay before it) in every variant, per
+          // bench/sass_overlap.py on 2026-12-04, so only the other warpgroup's GEMMs hide it. A loop
+          // that runs once around the softmax, its count hidden from the compiler, keeps all 64
+          // exps of d=128 ahead of the wait (12-16 bytes more spills); not yet timed.
           softmax(s, n_last - i, factor);
           ptx::warpgroup_wait<0>();
           ptx::thread_pin(pf);
