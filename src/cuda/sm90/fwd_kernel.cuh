@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           // wait below ahead of it (only the mask's selects stay before it) in every variant, per
           // bench/sass_overlap.py on 2026-12-04, so only the other warpgroup's GEMMs hide it. A loop
           // that runs once around the softmax, its count hidden from the compiler, keeps all 64
-          // exps of d=128 ahead of the wait (12-16 bytes more spills); not yet timed.
+          // exps of d=128 ahead of the wait (12-28 bytes more spills); not yet timed.
           softmax(s, n_last - i, factor);
           ptx::warpgroup_wait<0>();
           ptx::thread_pin(pf);
