@@ -105,7 +105,8 @@ def main():
             except RuntimeError as e:
                 row[name + "_error"] = str(e).splitlines()[0][:160]
                 continue
-            timed[name] = (lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal)), fwd_flops, backend)
+            sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            timed[name] = (sdpa, fwd_flops, backend)
             if bwd:
                 gt = torch.randn_like(ref)
                 timed[name + "_bwd"] = (lambda ref=ref, gt=gt: ref.backward(gt, retain_graph=True), 2.5 * fwd_flops,

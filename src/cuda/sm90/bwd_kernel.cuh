@@ -195,6 +195,20 @@ __device__ __forceinline__ void warpgroup_issue_dq_t(float (&dq)[T::kBlockM / 2]
   ptx::warpgroup_commit();
 }
 
+// dK += dS^T Q for this warpgroup's 64 keys (80-row tiles): A = dS^T read transposed from the
+// warpgroup's column block of the [query][key] dS tile at `ds` (16 query rows, 2048 bytes, per
+// k16), B = Q MN-major. Joins the caller's commit group (after dV); the caller fences.
+template <class T>
+__device__ __forceinline__ void warpgroup_issue_dk_t(float (&dk)[T::kHeadDim / 2], const unsigned char* ds, int cwg,
+                                                     uint64_t q_mn) {
+  constexpr int BM = T::kBlockM;
+  const uint64_t ds_desc = ptx::make_smem_desc_sw128(ds + cwg * BM * 128, BM * 128, 1024);
+#pragma unroll
+  for (int k = 0; k < BM / 16; ++k)
+    ptx::Wgmma<typename T::Element, T::kHeadDim>::template ss<1, 1>(dk, ds_desc + uint64_t((k * 2048) >> 4),
+                                                                   q_mn + uint64_t((k * 2048) >> 4), 1);
+}
+
 // Every consumer thread releases a Q/dO stage after its own reads of it (lse2 and delta too) and
 // once the products on it are done: an mbarrier arrive releases the arriving thread's own accesses
 // only, and the proxy fence orders those generic reads before the copy engine's next writes.
@@ -529,11 +543,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           ptx::thread_named_sync(T::kOwnDsBarrier + cwg, 128);
           ptx::warpgroup_fence();
           issue_dkv(dv, pf, do_mn);
-          const uint64_t dst_desc = ptx::make_smem_desc_sw128(sdSs + cwg * BM * 128, BM * 128, 1024);
-#pragma unroll
-          for (int k = 0; k < BM / 16; ++k)
-            ptx::Wgmma<E, D>::template ss<1, 1>(dk, dst_desc + uint64_t((k * 2048) >> 4),
-                                                q_mn + uint64_t((k * 2048) >> 4), 1);
+          warpgroup_issue_dk_t<T>(dk, sdSs, cwg, q_mn);
           ptx::warpgroup_commit();
           ptx::thread_named_sync(T::kDsBarrier, 256);
           warpgroup_issue_dq_t<T>(dq, kmn_desc, ptx::make_smem_desc_sw128(sdSs, 16, 1024));

@@ -298,9 +298,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     ptx::thread_named_arrive(T::kPBarrier, 256);
     ptx::thread_named_sync(T::kDsBarrier, 128);
     // dQ after dV and dK completed: P^T and dS^T then leave the registers, and the 64 dQ
-    // accumulators fit beside dK and dV. dK from the dS^T tile in shared memory instead (as the
-    // gradient warpgroup takes it, and as the d = 128 kernel gained 0-2.5% by), with dQ queued
-    // behind it, ran 0.984-1.001x (bench/results/h200_session28_2026-12-04.txt, call 9).
+    // accumulators fit beside dK and dV. Taking dK's dS^T from the shared-memory tile instead (as
+    // the gradient warpgroup does, and as the 80-row d <= 128 kernel does for up to 2.5%), with dQ
+    // queued behind dK, ran 0.984-1.001x here (bench/results/h200_session28_2026-12-04.txt, call 9).
     ptx::warpgroup_wait<0>();
     thread_release_stage(ring, stage, dv, dk, pf, dsf);
     float dq[H / 2];
