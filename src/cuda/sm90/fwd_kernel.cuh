@@ -543,8 +543,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           // In the machine code this softmax does not run under P_{i-1} V_{i-1}: ptxas places the
           // wait below ahead of it (only the mask's selects stay before it) in every variant, per
           // bench/sass_overlap.py on 2026-12-04, so only the other warpgroup's GEMMs hide it. A loop
-          // that runs once around the softmax, its count hidden from the compiler, keeps all 64
-          // exps of d=128 ahead of the wait (12-28 bytes more spills); not yet timed.
+          // that runs once around the softmax, its count hidden from the compiler, keeps the exps
+          // ahead of the wait, but ptxas then injects a warpgroup arrive and spills: 0.65-0.89x
+          // (bench/results/h200_session29_2026-12-04.txt, call 1).
           softmax(s, n_last - i, factor);
           ptx::warpgroup_wait<0>();
           ptx::thread_pin(pf);
