@@ -12,6 +12,7 @@ listed. Shapes follow the anchors: bf16, 16k tokens in total, hidden 2048.
   python3 bench/kernel_times.py --lib build/libflashattn.so --d 64 --s 2048 --causal 1 --mode bwd
   FLASHATTN_GPU_BACKWARD=portable python3 bench/kernel_times.py ... --against fa2   # the portable path
   ncu --kernel-name regex:... python3 bench/kernel_times.py ... --calls 0   # counters instead
+  python3 bench/kernel_times.py ... --timeline   # also one call's kernels on a time axis (overlaps)
 """
 import argparse
 import collections
@@ -49,12 +50,27 @@ def profile_calls(fn, calls):
     return per_kernel
 
 
+def print_timeline(fn):
+    """One call's device events as start .. end in us from the first one's start: kernels that
+    overlap (a programmatic dependent launch) show here, where the per-kernel times above cannot."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = device_events(prof)
+    if not evs:
+        return
+    t0 = evs[0].time_range.start
+    for e in evs:
+        print(f"    {e.time_range.start - t0:9.1f} .. {e.time_range.end - t0:9.1f} us  {e.name[:100]}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sweep_args(p, "2048", head_dims="128")
     p.add_argument("--mode", default="bwd", choices=("fwd", "bwd"))
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--against", default="cudnn", choices=("cudnn", "fa2"))
+    p.add_argument("--timeline", action="store_true", help="also print one call of ours on a time axis")
     a = p.parse_args()
     lib = load(a.lib)
     for d, causal, s, b, h in shapes(a):
@@ -80,6 +96,9 @@ def main():
             print(f"  {side}: kernels {total:8.1f} us per call ({work / total / 1e6:6.0f} TFLOP/s over their sum)")
             for name, times in per_kernel.items():
                 print(f"    {sum(times) / a.calls:8.1f} us  x{len(times) / a.calls:4.1f}  {name[:110]}")
+        if a.timeline:
+            print("  ours, one call on a time axis:")
+            print_timeline(ours)
         del prob, qt, kt, vt
         torch.cuda.empty_cache()
 

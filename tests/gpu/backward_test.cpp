@@ -128,6 +128,14 @@ struct Problem {
     d_dq->poison();
     d_dk->poison();
     d_dv->poison();
+    flashattn::backward(device_args());
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("backward failed on the device");
+    d_dq->copy_to(dq);
+    d_dk->copy_to(dk);
+    d_dv->copy_to(dv);
+  }
+
+  flashattn::BackwardArgs device_args() const {
     flashattn::BackwardArgs a;
     a.dout = d_dout->view;
     a.q = d_q->view;
@@ -144,11 +152,7 @@ struct Problem {
     }
     a.options = options();
     a.deterministic = c.deterministic;
-    flashattn::backward(a);
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("backward failed on the device");
-    d_dq->copy_to(dq);
-    d_dk->copy_to(dk);
-    d_dv->copy_to(dv);
+    return a;
   }
 };
 
@@ -551,6 +555,58 @@ TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
         EXPECT_LE(max_abs_diff(pr.dq.values(), dq0), dq_max * std::ldexp(1.0, -6)) << "run " << run;
       }
     });
+}
+
+// Training loops capture the backward in CUDA graphs. Captured on a stream of its own (workspace
+// from the stream-ordered allocator, more work tiles than SMs so that the persistent CTAs draw
+// them from the counter the preprocess kernel zeroes) and replayed twice, it gives what a direct
+// call gives: dk and dv bitwise, dq to rounding (its fp32 additions run in a varying order).
+TEST_F(GpuBackward, CapturedInACudaGraphAndReplayed) {
+  for (int64_t d : {64, 128}) {
+    Case c;
+    c.batch = 2;
+    c.heads_q = 8;
+    c.heads_kv = 4;
+    c.seqlen_q = c.seqlen_k = 4000;
+    c.head_dim = d;
+    c.causal = d == 128;
+    SCOPED_TRACE(describe(c));
+    if (skip_unbuilt("bwd", c.head_dim, c.dtype)) continue;
+    Problem pr(c, 700 + uint32_t(d));
+    pr.forward();
+    pr.backward();
+    expect_path(c, false);
+    const std::vector<unsigned char> dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+    const std::vector<double> dq0 = pr.dq.values();
+
+    cudaStream_t stream = nullptr;
+    FA_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    flashattn::BackwardArgs a = pr.device_args();
+    a.options.stream = stream;
+    cudaGraph_t graph = nullptr;
+    FA_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    flashattn::backward(a);
+    FA_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    FA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      pr.d_dq->poison();
+      pr.d_dk->poison();
+      pr.d_dv->poison();
+      FA_CUDA_OK(cudaDeviceSynchronize());  // the poison ran on the default stream
+      FA_CUDA_OK(cudaGraphLaunch(exec, stream));
+      FA_CUDA_OK(cudaStreamSynchronize(stream));
+      pr.d_dq->copy_to(pr.dq);
+      pr.d_dk->copy_to(pr.dk);
+      pr.d_dv->copy_to(pr.dv);
+      EXPECT_EQ(pr.dk.storage, dk0) << "replay " << replay;
+      EXPECT_EQ(pr.dv.storage, dv0) << "replay " << replay;
+      EXPECT_TRUE(agree_to_rounding(pr.dq.values(), dq0)) << "replay " << replay;
+    }
+    FA_CUDA_OK(cudaGraphExecDestroy(exec));
+    FA_CUDA_OK(cudaGraphDestroy(graph));
+    FA_CUDA_OK(cudaStreamDestroy(stream));
+  }
 }
 
 TEST_F(GpuBackward, EnvironmentVariableIsValidated) {
