@@ -51,8 +51,8 @@ def profile_calls(fn, calls):
 
 
 def print_timeline(fn):
-    """One call's device events as start .. end in us from the first one's start: kernels that
-    overlap (a programmatic dependent launch) show here, where the per-kernel times above cannot."""
+    """One call's device events as start .. end in us from the first one's start: the gaps between
+    kernels, and kernels that overlap, show here, where the per-kernel times above cannot."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
