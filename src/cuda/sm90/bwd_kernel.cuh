@@ -303,21 +303,21 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
               ptx::thread_pass_turn_bulk(ws.dq_turn + tile);
             }
           }
-          continue;
-        }
-        for (int s = 0; s < ks.steps; ++s, ++it) {
-          const int h = cta.hk * cta.group + ks.head(s);
-          const int64_t m = ks.m_of(s);
-          const int buf = it % NB;
-          // The add that last read this buffer (NB steps ago) has finished reading it.
-          if (lane == 0) ptx::thread_bulk_wait_read<NB - 1>();
-          __syncwarp();
-          ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, 256 + 32);
-          ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
-          if (lane == 0) {
-            const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
-            ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
-            ptx::thread_bulk_commit();
+        } else {
+          for (int s = 0; s < ks.steps; ++s, ++it) {
+            const int h = cta.hk * cta.group + ks.head(s);
+            const int64_t m = ks.m_of(s);
+            const int buf = it % NB;
+            // The add that last read this buffer (NB steps ago) has finished reading it.
+            if (lane == 0) ptx::thread_bulk_wait_read<NB - 1>();
+            __syncwarp();
+            ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, 256 + 32);
+            ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
+            if (lane == 0) {
+              const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
+              ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
+              ptx::thread_bulk_commit();
+            }
           }
         }
       }
