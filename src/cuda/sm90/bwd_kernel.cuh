@@ -431,13 +431,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
           // P^T while dP^T is still on the tensor cores: so at d = 64, where dV waits for it. In
-          // the 80-row kernel ptxas places the dP^T wait before the exps (only the scaling FMAs
-          // run under dP^T; SASS since 2026-12-04, and a named barrier after the exps did not hold
-          // them there). Issuing dV after them (kEarlyDv) ran 0.89-0.97x with spills and a bf16 P
-          // in dS; the exps in a loop that runs once (its count hidden from the compiler, and
-          // ptxas moves nothing out of a loop) did run under dP^T, 1.00-1.05x without a mask but
-          // 0.98-0.99x with one, no gain overall (bench/results/h200_session28_2026-12-04.txt,
-          // calls 3 and 5).
+          // the 80-row kernel ptxas places the dP^T wait before the exps (SASS, bench/
+          // sass_overlap.py), so only their scaling FMAs run under dP^T; what was tried to keep
+          // the exps there, and measured no gain, is in docs/performance.md (Backward, session 28).
 #pragma unroll
           for (int j = 0; j < BM / 8; ++j) {
             const float2 l = lse2[4 * j];
@@ -535,11 +531,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // warpgroup's keys of the [query][key] tile dQ^T reads, once all four of its warps
           // stored theirs: with no dS fragments held for dK, dV, dK and dQ^T fit in registers in
           // flight together, so dV and dK run on while the warpgroups meet at the dS barrier and
-          // dQ^T follows them. With dK from registers, both had to complete before the barrier
-          // (else ptxas ran out of registers and serialized every wgmma). Against that order
-          // (H200, bench/ab_compare.py, 7 rounds, bench/results/h200_session28_2026-12-04.txt,
-          // call 4), B/A at 2k / 4k / 8k / 16k: non-causal 1.003 / 1.009 / 1.008 / 1.025, causal
-          // 1.002 / 1.005 / 1.013 / 1.017.
+          // dQ^T follows them (with dK from registers ptxas serialized every wgmma unless dV and
+          // dK completed first; measurements in src/cuda/tile_size.h).
           ptx::thread_named_sync(T::kOwnDsBarrier + cwg, 128);
           ptx::warpgroup_fence();
           issue_dkv(dv, pf, do_mn);

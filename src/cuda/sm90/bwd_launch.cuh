@@ -118,9 +118,9 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
 
   // Measured and not kept: this kernel as the main kernel's programmatic dependent, each CTA waiting
   // on a per-head count of key tiles whose dQ additions completed, so that it runs on the SMs the
-  // main kernel's last wave frees: B/A 0.98-1.02 at d=128, 0.95-0.98 at d=64 causal (what is left
-  // after the main kernel converts slower than the kernel alone; H200,
-  // bench/results/h200_session29_2026-12-04.txt, calls 3-7).
+  // main kernel's last wave frees. The tiles still left when the main kernel ends converted more
+  // slowly than this kernel converts them all: B/A 0.98-1.02 at d=128, 0.95-0.98 at d=64 causal
+  // (H200, bench/results/h200_session29_2026-12-04.txt, calls 3-7).
   const bool dq_rows_16b = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_s.batch % 8 == 0 &&
                            p.dq_s.row % 8 == 0 && p.dq_s.head % 8 == 0;
   sm90::backward_convert_dq_kernel<T>
