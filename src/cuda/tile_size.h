@@ -316,6 +316,13 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 // block_m (2 bytes each) + dq_buffers fp32 dQ tiles of block_m * d, <= 227 KB.
 //   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
 //          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
+//   d=128, default mode: block_m 64 with dQ computed by one warpgroup per step, the two in turns
+//          (BwdTraits::kDqAlternate, the design of cuDNN's kernel): 64 + 64 + 32 + 2 x 32 = 224 KB,
+//          a dQ buffer per warpgroup; registers 128 + 32 + 32 (dK, dV, S^T, dP^T), then 64 for dQ
+//          once dV and dK are done. Against the 80-row kernel below (H200, bench/ab_compare.py, 5
+//          rounds, B/A at 2k / 4k / 8k / 16k, bench/results/h200_session30_2026-12-04.txt, call 6):
+//          non-causal 1.048 / 1.037 / 1.017 / 1.034, causal 1.041 / 1.033 / 1.022 / 1.012. In the
+//          deterministic mode it ran 0.953-0.989 of it (call 7), so that mode keeps block_m 80:
 //   d=128: block_m 80 (FlashAttention-3's non-causal shape): 64 + 80 + 40 + 40 = 224 KB with one
 //          dQ buffer; registers 128 + 40 + 40 (d=96 runs in these tiles, src/cuda/sm90/
 //          bwd_launch.cuh). wgmma's M is a multiple of 64, so dQ is computed transposed (dQ^T =
@@ -356,6 +363,7 @@ struct HopperBwdTile {
   int block_m;
   int stages;      // Q/dO tiles in flight
   int dq_buffers;  // fp32 dQ tiles between the consumers and the writer warp
+  bool dq_alternate = false;  // dQ by one warpgroup per step, in turns (sm90::BwdTraits::kDqAlternate)
 };
 
 // Measured and not kept: the forward's CTA pairs (HopperFwdTile::pair_kv) on the backward's Q and
@@ -370,9 +378,10 @@ struct HopperBwdTile {
 // from the counter after the whole tiles: 0.990-1.006 (H200, bench/results/
 // h200_session28_2026-12-04.txt, calls 1-2), as in the forward past two waves: the SMs that the
 // partial wave leaves idle let the others run faster.
-constexpr HopperBwdTile hopper_bwd_tile(int head_dim) {
+// The deterministic mode may take other tiles than the default (d=128 above).
+constexpr HopperBwdTile hopper_bwd_tile(int head_dim, bool deterministic) {
   if (head_dim <= 64) return {128, 2, 1};
-  if (head_dim <= 128) return {80, 2, 1};
+  if (head_dim <= 128) return deterministic ? HopperBwdTile{80, 2, 1} : HopperBwdTile{64, 2, 2, true};
   return {64, 2, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
 }
 

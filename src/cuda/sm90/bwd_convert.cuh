@@ -78,9 +78,10 @@ __global__ void __launch_bounds__(256) backward_convert_dq_kernel(const __grid_c
     for (int pass = 0; pass < kItems / 256; ++pass) {
       const int item = pass * 256 + int(threadIdx.x);
       const int cc = item % kChunks, rp = item / kChunks;  // column chunk, row pair
-      // Row pair rp: warpgroup part (split rows), warp, quad g; chunk cc: part (split columns), c.
-      const int part = T::kDqSplitRows ? rp / 32 : cc / (T::kDqN / 8);
-      const int c = T::kDqSplitRows ? cc : cc % (T::kDqN / 8);
+      // Row pair rp: warpgroup part (split rows), warp, quad g; chunk cc: part (split columns, 64
+      // each; a warpgroup that computed them all stored them so, T::kDqAlternate), c.
+      const int part = T::kDqSplitRows ? rp / 32 : cc / (D / 16);
+      const int c = T::kDqSplitRows ? cc : cc % (D / 16);
       const int warp = (rp / 8) % 4, g = rp % 8;
       const float* src = acc + ((c * 2 + part) * 128 + 32 * warp + 4 * g) * 4;
       float4 f[4];

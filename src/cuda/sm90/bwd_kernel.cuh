@@ -23,9 +23,10 @@
 //                                           80-row tiles dS^T from the dS tile in shared memory)
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
 //                                           MN-major; the two warpgroups split dQ's rows when
-//                                           kBlockM = 128, else its columns; with 80-row tiles,
-//                                           not a multiple of wgmma's M, dQ^T = K^T dS^T with dS
-//                                           stored [query][key])
+//                                           kBlockM = 128, else take turns by step, one computing
+//                                           all of it (kDqAlternate); with 80-row tiles (the
+//                                           deterministic mode at d = 128), not a multiple of
+//                                           wgmma's M, dQ^T = K^T dS^T with dS stored [query][key])
 //     dQ leaves in "fragment order": float4 c of every thread's accumulators, then float4 c + 1,
 //     so a warp's shared-memory writes are 512 contiguous bytes (conflict-free) and the bulk
 //     reduce-add is one contiguous block; the convert kernel (bwd_convert.cuh) knows the order
@@ -56,7 +57,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim_, class Element_, int kBlockM_, int kStages_, int kDqBuffers_>
+template <int kHeadDim_, class Element_, int kBlockM_, int kStages_, int kDqBuffers_, bool kDqAlternate_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -76,23 +77,36 @@ struct BwdTraits {
   // M = the warpgroup's 64 head-dim columns, N = the tile's query rows; dS is then stored
   // [query][key], the K-major B operand.
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
+  // dQ (all kHeadDim columns, M = the 64 query rows) computed by one warpgroup per step, the two
+  // taking turns (the first on even steps), as cuDNN's kernel does (its SASS, ncu source counters,
+  // bench/results/h200_session30_2026-12-04.txt): the other one arrives at the step's dS barrier
+  // and goes straight on to its next step, so the two fall half a step apart and one's elementwise
+  // work runs under the other's GEMMs, where in lock-step both waited for their halves of dQ. The
+  // tile table says where it runs and what it measured.
+  static constexpr bool kDqAlternate = kDqAlternate_;
   // dV = P^T dO issued before dS is computed, so the dS arithmetic runs under it (without softcap,
   // whose derivative needs tanh values there is no room for). Measured on the H200 against dV and
   // dK issued together after dS (bench/ab_compare.py, bf16, 16k tokens, hidden 2048, B/A at 2k /
   // 4k / 8k / 16k, bench/results/h200_hopper_bwd_early_dv_2026-12-02.txt): d=64 non-causal 1.015 /
   // 1.010 / 1.010 / 1.008, causal 1.019 / 1.010 / 1.015 / 1.018; d=128 (80-row tiles, where dV and
   // dK complete before dQ^T anyway) non-causal 0.99-1.006, causal 0.969-0.985, so not there.
-  static constexpr bool kEarlyDv = !kDqTransposed;
-  static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  // Nor with alternating dQ: there dS from P's 16-bit fragments ran 0.97-0.99 of dS from fp32 P
+  // (bench/results/h200_session30_2026-12-04.txt, calls 5-6), and its dq differed from the
+  // portable path's by 2 bf16 units at 1.5 (GpuBackward.PersistentGridWalksMoreTilesThanSms).
+  static constexpr bool kEarlyDv = !kDqTransposed && !kDqAlternate;
+  static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows || kDqAlternate ? kHeadDim : kHeadDim / 2;
+  // Threads at a dQ buffer's barriers: the warpgroups that store dQ each step, and the writer warp.
+  static constexpr int kDqSyncThreads = (kDqAlternate ? 128 : 256) + 32;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barriers (0 is __syncthreads): dQ buffer full / empty (consumers + writer warp), then
-  // the consumers' "dS^T is in shared memory".
+  // the consumers' "dS^T is in shared memory" (kDqAlternate: one per step parity, so that an arrival
+  // for the next step never counts towards this one's).
   static constexpr int kDqFullBarrier = 1;
   static constexpr int kDqEmptyBarrier = kDqFullBarrier + kDqBuffers;
   static constexpr int kDsBarrier = kDqEmptyBarrier + kDqBuffers;
   // kDqTransposed: each consumer warpgroup's own "my dS is in shared memory" (ids + 0, + 1).
-  static constexpr int kOwnDsBarrier = kDsBarrier + 1;
+  static constexpr int kOwnDsBarrier = kDsBarrier + (kDqAlternate ? 2 : 1);
   // Roles that read the producer's drawn tile indices: the consumers and the dQ writer warp.
   static constexpr int kTileReaders = 256 + 32;
   // mbarriers: K/V full and empty, then Q full, dO full, Q/dO empty per stage, then the tile
@@ -104,6 +118,8 @@ struct BwdTraits {
   static_assert(kBlockM == 64 || kBlockM == 80 || kBlockM == 128,
                 "query tile (a boundary step's mask is one 64-bit set)");
   static_assert(!kDqTransposed || kHeadDim == 128, "dQ^T: one 64-column block per consumer warpgroup");
+  static_assert(!kDqAlternate || (kBlockM == 64 && kDqBuffers == 2),
+                "alternating dQ: one M = 64 tile per step, a buffer per warpgroup");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -285,19 +301,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // tiles' additions is kept short, and off the consumers' path: the turn is awaited while
           // the consumers compute the step's dQ, and their buffer is released as soon as the
           // reduction has read it, before its global writes complete.
-          if (ks.steps > 0) ptx::thread_named_arrive(T::kDqEmptyBarrier + it % NB, 256 + 32);
+          if (ks.steps > 0) ptx::thread_named_arrive(T::kDqEmptyBarrier + it % NB, T::kDqSyncThreads);
           for (int s = 0; s < ks.steps; ++s, ++it) {
             const int64_t tile = dq_tile(ws, cta, ks, s);
             const int buf = it % NB;
             if (lane == 0) ptx::thread_wait_turn_bulk(ws.dq_turn + tile, ordered_turn<BM, BN>(mask, n, ks.m_of(s), P.sched.turns));
-            ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
+            ptx::thread_named_sync(T::kDqFullBarrier + buf, T::kDqSyncThreads);
             if (lane == 0) {
               ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
               ptx::thread_bulk_commit();
               ptx::thread_bulk_wait_read_all();
             }
             __syncwarp();
-            if (s + 1 < ks.steps) ptx::thread_named_arrive(T::kDqEmptyBarrier + (it + 1) % NB, 256 + 32);
+            if (s + 1 < ks.steps) ptx::thread_named_arrive(T::kDqEmptyBarrier + (it + 1) % NB, T::kDqSyncThreads);
             if (lane == 0) {
               ptx::thread_bulk_wait_all();
               ptx::thread_pass_turn_bulk(ws.dq_turn + tile);
@@ -311,8 +327,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
             // The add that last read this buffer (NB steps ago) has finished reading it.
             if (lane == 0) ptx::thread_bulk_wait_read<NB - 1>();
             __syncwarp();
-            ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, 256 + 32);
-            ptx::thread_named_sync(T::kDqFullBarrier + buf, 256 + 32);
+            ptx::thread_named_arrive(T::kDqEmptyBarrier + buf, T::kDqSyncThreads);
+            ptx::thread_named_sync(T::kDqFullBarrier + buf, T::kDqSyncThreads);
             if (lane == 0) {
               const int64_t tile = int64_t(h) * ws.tiles_per_head + cta.tile0 + m;
               ptx::thread_bulk_reduce_add_f32(ws.dq_accum + tile * BM * D, sdQ + buf * BM * D, T::kDqBytes);
@@ -341,7 +357,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   const uint64_t v_desc = ptx::make_smem_desc_sw128(ring.v + cwg * 64 * 128, 16, 1024);
   // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row), B = K MN-major.
   const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
-  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (T::kDqSplitRows ? 0 : cwg * BN * 128), BN * 128, 1024);
+  const bool dq_all_cols = T::kDqSplitRows || T::kDqAlternate;
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (dq_all_cols ? 0 : cwg * BN * 128), BN * 128, 1024);
 
   // Per step `it`: S^T and dP^T into st, dp, each as soon as its query-side tile has landed.
   auto issue_sdp = [&](float(&st)[BM / 2], float(&dp)[BM / 2], int it) {
@@ -358,17 +375,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     warpgroup_product_over_d<T>(dp, v_desc, do_desc);
   };
   // dQ of step `it` to the writer warp's buffer: float4 c of thread tid of warpgroup cwg at
-  // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this).
+  // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this); a warpgroup that
+  // computed all the columns (kDqAlternate) puts its float4 c where the one of columns 64 (c / 8)
+  // would have put its c % 8.
   auto store_dq = [&](const float(&dq)[T::kDqN / 2], int it) {
     const int buf = it % NB;
     float* sdQb = sdQ + buf * BM * D;
-    ptx::thread_named_sync(T::kDqEmptyBarrier + buf, 256 + 32);
+    ptx::thread_named_sync(T::kDqEmptyBarrier + buf, T::kDqSyncThreads);
 #pragma unroll
     for (int c = 0; c < T::kDqN / 8; ++c)
-      *reinterpret_cast<float4*>(sdQb + ((c * 2 + cwg) * 128 + tid) * 4) =
+      *reinterpret_cast<float4*>(sdQb + (((T::kDqAlternate ? (c % 8) * 2 + c / 8 : c * 2 + cwg)) * 128 + tid) * 4) =
           make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
     ptx::thread_fence_proxy_async_smem();
-    ptx::thread_named_arrive(T::kDqFullBarrier + buf, 256 + 32);
+    ptx::thread_named_arrive(T::kDqFullBarrier + buf, T::kDqSyncThreads);
   };
 
   int kt = 0, it = 0;
@@ -498,7 +517,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         }
         // dS^T to shared memory for dQ (both warpgroups' keys are needed there). Buffers alternate
         // by step: a warpgroup reaches this step's barrier only after its previous dQ product
-        // completed, so the buffer written now is no longer read by anyone.
+        // completed, so the buffer written now is no longer read by anyone. With alternating dQ,
+        // the one product that read it (two steps ago) completed before its warpgroup arrived at
+        // the last step's barrier, which this warpgroup has passed (both meet at every step's).
         unsigned char* sdSs = sdS + (it % 2) * T::kDsBytes;
         if constexpr (T::kDqTransposed) {
           // As dS, [query][key]: dsf[j] is the 8 x 8 block (keys 8 (j & 1), queries 8 (j >> 1)) of
@@ -548,11 +569,31 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           if constexpr (!kEarlyDv) issue_dkv(dv, pf, do_mn);
           issue_dkv(dk, dsf, q_mn);
           ptx::warpgroup_commit();
-          ptx::thread_named_sync(T::kDsBarrier, 256);
-          warpgroup_issue_dq<T, T::kDqN>(dq, ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024), kmn_desc);
-          ptx::warpgroup_wait<1>();  // dV and dK
-          thread_release_stage(ring, stage, dv, dk, pf, dsf);
-          ptx::warpgroup_wait<0>();
+          // Whose turn dQ is, through a shuffle so that ptxas sees a warp-uniform branch (with cwg
+          // from threadIdx it took the branch as divergent and serialized every wgmma, C7520).
+          const bool dq_mine = !T::kDqAlternate || __shfl_sync(0xffffffffu, (it & 1) == cwg, 0);
+          if (!dq_mine) {
+            ptx::thread_named_arrive(T::kDsBarrier + (it & 1), 256);
+            ptx::warpgroup_wait<0>();
+            thread_release_stage(ring, stage, dv, dk, pf, dsf);
+            continue;
+          }
+          const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024);
+          if constexpr (T::kDqAlternate) {
+            // dV and dK complete first: their A fragments in flight beside dQ's 64 accumulators
+            // are more registers than a consumer has (ptxas serialized every wgmma).
+            ptx::warpgroup_wait<0>();
+            thread_release_stage(ring, stage, dv, dk, pf, dsf);
+            ptx::thread_named_sync(T::kDsBarrier + (it & 1), 256);
+            warpgroup_issue_dq<T, T::kDqN>(dq, ds_desc, kmn_desc);
+            ptx::warpgroup_wait<0>();
+          } else {
+            ptx::thread_named_sync(T::kDsBarrier, 256);
+            warpgroup_issue_dq<T, T::kDqN>(dq, ds_desc, kmn_desc);
+            ptx::warpgroup_wait<1>();  // dV and dK
+            thread_release_stage(ring, stage, dv, dk, pf, dsf);
+            ptx::warpgroup_wait<0>();
+          }
         }
         ptx::thread_pin(dq);
         store_dq(dq, it);

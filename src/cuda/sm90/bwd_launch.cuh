@@ -17,19 +17,25 @@
 
 namespace flashattn::cuda {
 
-template <int kHeadDim, class Element, int kArch>
-bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
-  static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
-  // Head dims between multiples of 64 (96) run in the next kernel width: the TMA maps carry the
-  // real d, so loads zero-fill the extra columns (which then add nothing to any product), and the
-  // stores of dk, dv and dq stop at d.
-  constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
-  constexpr HopperBwdTile tile = hopper_bwd_tile(kTileDim);
-  // d <= 128: keys split between the consumer warpgroups; wider: columns (bwd_wide_kernel.cuh).
+// Head dims between multiples of 64 (96) run in the next kernel width: the TMA maps carry the real
+// d, so loads zero-fill the extra columns (which then add nothing to any product), and the stores of
+// dk, dv and dq stop at d. d <= 128: keys split between the consumer warpgroups; wider: columns
+// (bwd_wide_kernel.cuh).
+template <int kTileDim, class Element, bool kDeterministic>
+struct HopperBwdTraits {
+  static constexpr HopperBwdTile tile = hopper_bwd_tile(kTileDim, kDeterministic);
+  using type =
+      std::conditional_t<(kTileDim > 128), sm90::WideBwdTraits<kTileDim, Element, tile.stages>,
+                         sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers, tile.dq_alternate>>;
+  static_assert(type::kBlockM == tile.block_m, "the tile table and the kernel agree on the query tile");
+};
+
+// One mode's launch: kOrdered, the deterministic mode (which may take other tiles than the default,
+// hopper_bwd_tile), or the default mode.
+template <int kHeadDim, class T, bool kOrdered>
+bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
+  constexpr int kTileDim = T::kHeadDim;
   constexpr bool kWide = kTileDim > 128;
-  using T = std::conditional_t<kWide, sm90::WideBwdTraits<kTileDim, Element, tile.stages>,
-                               sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers>>;
-  static_assert(T::kBlockM == tile.block_m, "the tile table and the kernel agree on the query tile");
   constexpr int BM = T::kBlockM;
 
   // Maps first: if the driver rejects a layout, nothing has run and the portable path takes over.
@@ -89,7 +95,7 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   const bool dynamic = persistent && tiles > sms;
   const size_t counter_bytes = dynamic ? 16 : 0;
   const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + counter_bytes), stream);
-  start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes + counter_bytes, stream);
+  start_backward<typename T::Element>(p, ws, memory, rows, accum_bytes + turn_bytes + counter_bytes, stream);
   unsigned char* after_accum = reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes;
   if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(after_accum);
   if (dynamic) sched.counter = reinterpret_cast<int*>(after_accum + turn_bytes);
@@ -97,16 +103,13 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
 
   // The ordered deterministic mode is its own instantiation: its turn-taking code would otherwise
   // change the default kernel's register allocation.
-  auto pick = [&](auto softcap, auto ordered) {
+  auto pick = [&](auto softcap) {
     if constexpr (kWide)
-      return sm90::backward_wide_kernel<T, decltype(softcap)::value, decltype(ordered)::value>;
+      return sm90::backward_wide_kernel<T, decltype(softcap)::value, kOrdered>;
     else
-      return sm90::backward_kernel<T, decltype(softcap)::value, decltype(ordered)::value>;
+      return sm90::backward_kernel<T, decltype(softcap)::value, kOrdered>;
   };
-  using Yes = std::true_type;
-  using No = std::false_type;
-  auto kernel = p.softcap > 0.f ? (p.deterministic ? pick(Yes{}, Yes{}) : pick(Yes{}, No{}))
-                                : (p.deterministic ? pick(No{}, Yes{}) : pick(No{}, No{}));
+  auto kernel = p.softcap > 0.f ? pick(std::true_type{}) : pick(std::false_type{});
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
   const dim3 grid = kWide ? dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch)
@@ -127,6 +130,16 @@ bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
       <<<dim3(unsigned((p.seqlen_q + BM - 1) / BM), hq, batch), 256, 0, stream>>>(p, ws, dq_rows_16b);
   check_launch("flashattn backward dq conversion kernel");
   return true;
+}
+
+template <int kHeadDim, class Element, int kArch>
+bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
+  static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
+  constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
+  using Default = typename HopperBwdTraits<kTileDim, Element, false>::type;
+  using Ordered = typename HopperBwdTraits<kTileDim, Element, true>::type;
+  return p.deterministic ? launch_backward_hopper<kHeadDim, Ordered, true>(p, stream)
+                         : launch_backward_hopper<kHeadDim, Default, false>(p, stream);
 }
 
 }  // namespace flashattn::cuda
