@@ -323,9 +323,9 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          rounds, B/A at 2k / 4k / 8k / 16k, bench/results/h200_session30_2026-12-04.txt, call 6):
 //          non-causal 1.048 / 1.037 / 1.017 / 1.034, causal 1.041 / 1.033 / 1.022 / 1.012. In the
 //          deterministic mode it ran 0.953-0.989 of it (call 7), so that mode keeps block_m 80:
-//   d=128: block_m 80 (FlashAttention-3's non-causal shape): 64 + 80 + 40 + 40 = 224 KB with one
-//          dQ buffer; registers 128 + 40 + 40 (d=96 runs in these tiles, src/cuda/sm90/
-//          bwd_launch.cuh). wgmma's M is a multiple of 64, so dQ is computed transposed (dQ^T =
+//   d=128, deterministic mode: block_m 80 (FlashAttention-3's non-causal shape): 64 + 80 + 40 +
+//          40 = 224 KB with one dQ buffer; registers 128 + 40 + 40 (d=96 runs in the d=128 tiles
+//          of either mode, src/cuda/sm90/bwd_launch.cuh). wgmma's M is a multiple of 64, so dQ is computed transposed (dQ^T =
 //          K^T dS^T, dS stored [query][key]); dK reads dS^T from that tile too, so no dS
 //          fragments stay in registers and dV, dK and dQ^T fit in flight together (with dK from
 //          registers ptxas serialized every wgmma unless dV and dK completed first; B/A 1.002-1.025
