@@ -315,7 +315,14 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 // fp32 each). Shared memory: K, V 2 * 128 * d + Q, dO 2 * stages * block_m * d + dS^T 2 * 128 *
 // block_m (2 bytes each) + dq_buffers fp32 dQ tiles of block_m * d, <= 227 KB.
 //   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
-//          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T);
+//          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T). The
+//          default mode computes dQ as d=128 does below, one warpgroup per step, both 64-row
+//          blocks (64 more registers once dV and dK are done), the two warpgroups writing the one
+//          dQ buffer in turns. Against the two warpgroups splitting dQ's rows every step (H200,
+//          bench/ab_compare.py, B/A at 2k / 4k / 8k / 16k, bench/results/
+//          h200_session30_2026-12-04.txt, call 11, 3 rounds): non-causal 1.055 / 1.059 / 1.063 /
+//          1.075, causal 1.030 / 1.045 / 1.044 / 1.040 (call 10, 5 rounds: 1.026-1.092). The
+//          deterministic mode keeps the split (untried with alternation there);
 //   d=128, default mode: block_m 64 with dQ computed by one warpgroup per step, the two in turns
 //          (BwdTraits::kDqAlternate, the design of cuDNN's kernel): 64 + 64 + 32 + 2 x 32 = 224 KB,
 //          a dQ buffer per warpgroup; registers 128 + 32 + 32 (dK, dV, S^T, dP^T), then 64 for dQ
@@ -380,7 +387,7 @@ struct HopperBwdTile {
 // partial wave leaves idle let the others run faster.
 // The deterministic mode may take other tiles than the default (d=128 above).
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim, bool deterministic) {
-  if (head_dim <= 64) return {128, 2, 1};
+  if (head_dim <= 64) return deterministic ? HopperBwdTile{128, 2, 1} : HopperBwdTile{128, 2, 1, true};
   if (head_dim <= 128) return deterministic ? HopperBwdTile{80, 2, 1} : HopperBwdTile{64, 2, 2, true};
   return {64, 2, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
 }

@@ -77,12 +77,12 @@ struct BwdTraits {
   // M = the warpgroup's 64 head-dim columns, N = the tile's query rows; dS is then stored
   // [query][key], the K-major B operand.
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
-  // dQ (all kHeadDim columns, M = the 64 query rows) computed by one warpgroup per step, the two
-  // taking turns (the first on even steps), as cuDNN's kernel does (its SASS, ncu source counters,
-  // bench/results/h200_session30_2026-12-04.txt): the other one arrives at the step's dS barrier
-  // and goes straight on to its next step, so the two fall half a step apart and one's elementwise
-  // work runs under the other's GEMMs, where in lock-step both waited for their halves of dQ. The
-  // tile table says where it runs and what it measured.
+  // dQ (the whole tile: all kHeadDim columns, and both 64-row blocks of a 128-row tile) computed by
+  // one warpgroup per step, the two taking turns (the first on even steps), as cuDNN's kernel does
+  // (its SASS, ncu source counters, bench/results/h200_session30_2026-12-04.txt): the other one
+  // passes the step's dS barrier and goes straight on to its next step, so the two fall half a step
+  // apart and one's elementwise work runs under the other's GEMMs, where in lock-step both waited
+  // for their halves of dQ. The tile table says where it runs and what it measured.
   static constexpr bool kDqAlternate = kDqAlternate_;
   // dV = P^T dO issued before dS is computed, so the dS arithmetic runs under it (without softcap,
   // whose derivative needs tanh values there is no room for). Measured on the H200 against dV and
@@ -90,23 +90,27 @@ struct BwdTraits {
   // 4k / 8k / 16k, bench/results/h200_hopper_bwd_early_dv_2026-12-02.txt): d=64 non-causal 1.015 /
   // 1.010 / 1.010 / 1.008, causal 1.019 / 1.010 / 1.015 / 1.018; d=128 (80-row tiles, where dV and
   // dK complete before dQ^T anyway) non-causal 0.99-1.006, causal 0.969-0.985, so not there.
-  // Nor with alternating dQ: there dS from P's 16-bit fragments ran 0.97-0.99 of dS from fp32 P
-  // (bench/results/h200_session30_2026-12-04.txt, calls 5-6), and its dq differed from the
-  // portable path's by 2 bf16 units at 1.5 (GpuBackward.PersistentGridWalksMoreTilesThanSms).
-  static constexpr bool kEarlyDv = !kDqTransposed && !kDqAlternate;
+  // Nor with alternating dQ on 64-row tiles (d=128): there dS from P's 16-bit fragments ran
+  // 0.97-0.99 of dS from fp32 P (bench/results/h200_session30_2026-12-04.txt, calls 5-6), and its
+  // dq differed from the portable path's by 2 bf16 units at 1.5
+  // (GpuBackward.PersistentGridWalksMoreTilesThanSms). 128-row tiles (d=64) keep it: their S^T
+  // and dP^T in fp32 beside dK and dV are the registers it saves (untried there with alternation).
+  static constexpr bool kEarlyDv = !kDqTransposed && !(kDqAlternate && !kDqSplitRows);
   static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows || kDqAlternate ? kHeadDim : kHeadDim / 2;
+  // M = 64 row blocks of dQ a warpgroup computes per step: both of a 128-row tile when it computes
+  // them all (kDqAlternate with kDqSplitRows).
+  static constexpr int kDqParts = kDqAlternate && kDqSplitRows ? 2 : 1;
   // Threads at a dQ buffer's barriers: the warpgroups that store dQ each step, and the writer warp.
   static constexpr int kDqSyncThreads = (kDqAlternate ? 128 : 256) + 32;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barriers (0 is __syncthreads): dQ buffer full / empty (consumers + writer warp), then
-  // the consumers' "dS^T is in shared memory" (kDqAlternate: one per step parity, so that an arrival
-  // for the next step never counts towards this one's).
+  // the consumers' "dS^T is in shared memory".
   static constexpr int kDqFullBarrier = 1;
   static constexpr int kDqEmptyBarrier = kDqFullBarrier + kDqBuffers;
   static constexpr int kDsBarrier = kDqEmptyBarrier + kDqBuffers;
   // kDqTransposed: each consumer warpgroup's own "my dS is in shared memory" (ids + 0, + 1).
-  static constexpr int kOwnDsBarrier = kDsBarrier + (kDqAlternate ? 2 : 1);
+  static constexpr int kOwnDsBarrier = kDsBarrier + 1;
   // Roles that read the producer's drawn tile indices: the consumers and the dQ writer warp.
   static constexpr int kTileReaders = 256 + 32;
   // mbarriers: K/V full and empty, then Q full, dO full, Q/dO empty per stage, then the tile
@@ -118,8 +122,7 @@ struct BwdTraits {
   static_assert(kBlockM == 64 || kBlockM == 80 || kBlockM == 128,
                 "query tile (a boundary step's mask is one 64-bit set)");
   static_assert(!kDqTransposed || kHeadDim == 128, "dQ^T: one 64-column block per consumer warpgroup");
-  static_assert(!kDqAlternate || (kBlockM == 64 && kDqBuffers == 2),
-                "alternating dQ: one M = 64 tile per step, a buffer per warpgroup");
+  static_assert(!kDqAlternate || !kDqTransposed, "alternating dQ: M = 64 row blocks");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -378,14 +381,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this); a warpgroup that
   // computed all the columns (kDqAlternate) puts its float4 c where the one of columns 64 (c / 8)
   // would have put its c % 8.
-  auto store_dq = [&](const float(&dq)[T::kDqN / 2], int it) {
+  auto store_dq = [&](const float(&dq)[T::kDqParts * T::kDqN / 2], int it) {
     const int buf = it % NB;
     float* sdQb = sdQ + buf * BM * D;
     ptx::thread_named_sync(T::kDqEmptyBarrier + buf, T::kDqSyncThreads);
 #pragma unroll
-    for (int c = 0; c < T::kDqN / 8; ++c)
-      *reinterpret_cast<float4*>(sdQb + (((T::kDqAlternate ? (c % 8) * 2 + c / 8 : c * 2 + cwg)) * 128 + tid) * 4) =
-          make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+    for (int part = 0; part < T::kDqParts; ++part)
+#pragma unroll
+      for (int c = 0; c < T::kDqN / 8; ++c) {
+        const int slot = !T::kDqAlternate ? c * 2 + cwg : T::kDqSplitRows ? c * 2 + part : (c % 8) * 2 + c / 8;
+        const float* v = dq + part * T::kDqN / 2 + 4 * c;
+        *reinterpret_cast<float4*>(sdQb + (slot * 128 + tid) * 4) = make_float4(v[0], v[1], v[2], v[3]);
+      }
     ptx::thread_fence_proxy_async_smem();
     ptx::thread_named_arrive(T::kDqFullBarrier + buf, T::kDqSyncThreads);
   };
@@ -546,7 +553,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::thread_pin(pf);
         ptx::thread_pin(dv);
         ptx::thread_pin(dk);
-        float dq[T::kDqN / 2];
+        float dq[T::kDqParts * T::kDqN / 2];
         if constexpr (T::kDqTransposed) {
           // dV from P's fragments and dK = dS^T Q with dS^T read (transposed) from this
           // warpgroup's keys of the [query][key] tile dQ^T reads, once all four of its warps
@@ -572,8 +579,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // Whose turn dQ is, through a shuffle so that ptxas sees a warp-uniform branch (with cwg
           // from threadIdx it took the branch as divergent and serialized every wgmma, C7520).
           const bool dq_mine = !T::kDqAlternate || __shfl_sync(0xffffffffu, (it & 1) == cwg, 0);
+          // Both warpgroups wait at the dS barrier, the one whose turn it is not as well: it arrives
+          // there last anyway (it computed the previous step's dQ), and then a dQ buffer that the
+          // two write in turns (one buffer at d = 64) is ordered by a barrier both pass, not only
+          // through the writer warp's two (racecheck took such writes, with a mere arrival here,
+          // for a race).
           if (!dq_mine) {
-            ptx::thread_named_arrive(T::kDsBarrier + (it & 1), 256);
+            ptx::thread_named_sync(T::kDsBarrier, 256);
             ptx::warpgroup_wait<0>();
             thread_release_stage(ring, stage, dv, dk, pf, dsf);
             continue;
@@ -584,8 +596,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
             // are more registers than a consumer has (ptxas serialized every wgmma).
             ptx::warpgroup_wait<0>();
             thread_release_stage(ring, stage, dv, dk, pf, dsf);
-            ptx::thread_named_sync(T::kDsBarrier + (it & 1), 256);
-            warpgroup_issue_dq<T, T::kDqN>(dq, ds_desc, kmn_desc);
+            ptx::thread_named_sync(T::kDsBarrier, 256);
+#pragma unroll
+            for (int part = 0; part < T::kDqParts; ++part)
+              warpgroup_issue_dq<T, T::kDqN>(*reinterpret_cast<float(*)[T::kDqN / 2]>(dq + part * T::kDqN / 2),
+                                             T::kDqParts > 1 ? ptx::make_smem_desc_sw128(sdSs + part * BN * 128, BN * 128, 1024) : ds_desc,
+                                             kmn_desc);
             ptx::warpgroup_wait<0>();
           } else {
             ptx::thread_named_sync(T::kDsBarrier, 256);
