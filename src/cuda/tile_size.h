@@ -321,8 +321,9 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          dQ buffer in turns. Against the two warpgroups splitting dQ's rows every step (H200,
 //          bench/ab_compare.py, B/A at 2k / 4k / 8k / 16k, bench/results/
 //          h200_session30_2026-12-04.txt, call 11, 3 rounds): non-causal 1.055 / 1.059 / 1.063 /
-//          1.075, causal 1.030 / 1.045 / 1.044 / 1.040 (call 10, 5 rounds: 1.026-1.092). The
-//          deterministic mode keeps the split (untried with alternation there);
+//          1.075, causal 1.030 / 1.045 / 1.044 / 1.040 (call 10, 5 rounds: 1.026-1.092), and dV
+//          issued after dS there 1.003-1.032x more (call 13). The deterministic mode keeps the split
+//          (untried with alternation there);
 //   d=128, default mode: block_m 64 with dQ computed by one warpgroup per step, the two in turns
 //          (BwdTraits::kDqAlternate, the design of cuDNN's kernel): 64 + 64 + 32 + 2 x 32 = 224 KB,
 //          a dQ buffer per warpgroup; registers 128 + 32 + 32 (dK, dV, S^T, dP^T), then 64 for dQ

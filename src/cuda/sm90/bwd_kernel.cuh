@@ -90,12 +90,11 @@ struct BwdTraits {
   // 4k / 8k / 16k, bench/results/h200_hopper_bwd_early_dv_2026-12-02.txt): d=64 non-causal 1.015 /
   // 1.010 / 1.010 / 1.008, causal 1.019 / 1.010 / 1.015 / 1.018; d=128 (80-row tiles, where dV and
   // dK complete before dQ^T anyway) non-causal 0.99-1.006, causal 0.969-0.985, so not there.
-  // Nor with alternating dQ on 64-row tiles (d=128): there dS from P's 16-bit fragments ran
-  // 0.97-0.99 of dS from fp32 P (bench/results/h200_session30_2026-12-04.txt, calls 5-6), and its
-  // dq differed from the portable path's by 2 bf16 units at 1.5
-  // (GpuBackward.PersistentGridWalksMoreTilesThanSms). 128-row tiles (d=64) keep it: their S^T
-  // and dP^T in fp32 beside dK and dV are the registers it saves (untried there with alternation).
-  static constexpr bool kEarlyDv = !kDqTransposed && !(kDqAlternate && !kDqSplitRows);
+  // Nor with alternating dQ: at d=128 dS from P's 16-bit fragments ran 0.97-0.99 of dS from fp32 P
+  // (bench/results/h200_session30_2026-12-04.txt, calls 5-6), and its dq differed from the
+  // portable path's by 2 bf16 units at 1.5 (GpuBackward.PersistentGridWalksMoreTilesThanSms); at
+  // d=64 dV after dS ran 1.003-1.032x (call 13), without spilling more.
+  static constexpr bool kEarlyDv = !kDqTransposed && !kDqAlternate;
   static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows || kDqAlternate ? kHeadDim : kHeadDim / 2;
   // M = 64 row blocks of dQ a warpgroup computes per step: both of a 128-row tile when it computes
   // them all (kDqAlternate with kDqSplitRows).
