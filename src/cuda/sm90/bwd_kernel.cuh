@@ -17,10 +17,11 @@
 //       P^T = exp2(S^T c - lse2), dS^T = P^T o (dP^T - delta) (softcap derivative; the softmax
 //                                           scale is applied once to dK and dQ at the end)
 //       dV += P^T dO, dK += dS^T Q        (wgmma with P^T, dS^T from registers: the accumulator
-//                                           layout is the A-fragment layout; dO, Q MN-major; at
-//                                           d = 64 dV is issued before dS is computed, dS then
-//                                           from P's 16-bit fragments: BwdTraits::kEarlyDv; with
-//                                           80-row tiles dS^T from the dS tile in shared memory)
+//                                           layout is the A-fragment layout; dO, Q MN-major; in
+//                                           d = 64's deterministic mode dV is issued before dS is
+//                                           computed, dS then from P's 16-bit fragments:
+//                                           BwdTraits::kEarlyDv; with 80-row tiles dS^T from the
+//                                           dS tile in shared memory)
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
 //                                           MN-major; the two warpgroups split dQ's rows when
 //                                           kBlockM = 128, else take turns by step, one computing
