@@ -379,8 +379,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   };
   // dQ of step `it` to the writer warp's buffer: float4 c of thread tid of warpgroup cwg at
   // ((c * 2 + cwg) * 128 + tid) * 4 (backward_convert_dq_kernel inverts this); a warpgroup that
-  // computed all the columns (kDqAlternate) puts its float4 c where the one of columns 64 (c / 8)
-  // would have put its c % 8.
+  // computed the whole tile (kDqAlternate) puts each float4 where the warpgroup owning those rows
+  // (kDqSplitRows: part) or columns (64 (c / 8) on: its c % 8) would have.
   auto store_dq = [&](const float(&dq)[T::kDqParts * T::kDqN / 2], int it) {
     const int buf = it % NB;
     float* sdQb = sdQ + buf * BM * D;
