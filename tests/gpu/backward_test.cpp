@@ -357,6 +357,26 @@ TEST_F(GpuBackward, LongerSequencesAndUnseenKeyTiles) {
   check_case(w, seed++);
 }
 
+// One query head per KV head and an odd number of query tiles (5 of 64 rows, 3 of 128), so that a
+// key tile's steps are odd in number: the default mode at d = 64 and 128 computes each step's dQ on
+// one warpgroup, the two in turns by step, so the turn a key tile starts with alternates. More work
+// tiles than an H200 has SMs, so persistent CTAs carry the turns from one key tile to the next.
+TEST_F(GpuBackward, DqTurnsCarryAcrossKeyTiles) {
+  uint32_t seed = 380;
+  for (int64_t d : {64, 128})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.batch = 3;
+      c.heads_q = 10;
+      c.heads_kv = 10;
+      c.seqlen_q = 300;
+      c.seqlen_k = 520;
+      c.head_dim = d;
+      c.causal = causal;
+      check_case(c, seed++);
+    }
+}
+
 // Causal, grouped heads, and a length that is no multiple of any tile.
 Case deterministic_case(int64_t d) {
   Case c;
