@@ -358,7 +358,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   // constant byte offsets / 16 as in the forward kernel.
   const uint64_t k_desc = ptx::make_smem_desc_sw128(ring.k + cwg * 64 * 128, 16, 1024);
   const uint64_t v_desc = ptx::make_smem_desc_sw128(ring.v + cwg * 64 * 128, 16, 1024);
-  // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row), B = K MN-major.
+  // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row; of a 128-row tile this
+  // warpgroup's row block, at dq_a_off, or, for a warpgroup computing both (kDqAlternate), the
+  // blocks at 0 and BN * 128), B = K MN-major.
   const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
   const bool dq_all_cols = T::kDqSplitRows || T::kDqAlternate;
   const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (dq_all_cols ? 0 : cwg * BN * 128), BN * 128, 1024);
@@ -389,9 +391,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
     for (int part = 0; part < T::kDqParts; ++part)
 #pragma unroll
       for (int c = 0; c < T::kDqN / 8; ++c) {
-        const int slot = !T::kDqAlternate ? c * 2 + cwg : T::kDqSplitRows ? c * 2 + part : (c % 8) * 2 + c / 8;
+        // The warpgroup whose half (rows or columns) this float4 is, and its index there.
+        const int owner = !T::kDqAlternate ? cwg : T::kDqSplitRows ? part : c / 8;
+        const int cw = T::kDqAlternate && !T::kDqSplitRows ? c % 8 : c;
         const float* v = dq + part * T::kDqN / 2 + 4 * c;
-        *reinterpret_cast<float4*>(sdQb + (slot * 128 + tid) * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(sdQb + ((cw * 2 + owner) * 128 + tid) * 4) = make_float4(v[0], v[1], v[2], v[3]);
       }
     ptx::thread_fence_proxy_async_smem();
     ptx::thread_named_arrive(T::kDqFullBarrier + buf, T::kDqSyncThreads);

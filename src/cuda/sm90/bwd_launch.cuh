@@ -17,21 +17,19 @@
 
 namespace flashattn::cuda {
 
-// Head dims between multiples of 64 (96) run in the next kernel width: the TMA maps carry the real
-// d, so loads zero-fill the extra columns (which then add nothing to any product), and the stores of
-// dk, dv and dq stop at d. d <= 128: keys split between the consumer warpgroups; wider: columns
-// (bwd_wide_kernel.cuh).
+// The kernel traits of one mode's tiles (hopper_bwd_tile). d <= 128: keys split between the
+// consumer warpgroups; wider: columns (bwd_wide_kernel.cuh).
 template <int kTileDim, class Element, bool kDeterministic>
 struct HopperBwdTraits {
   static constexpr HopperBwdTile tile = hopper_bwd_tile(kTileDim, kDeterministic);
-  using type =
-      std::conditional_t<(kTileDim > 128), sm90::WideBwdTraits<kTileDim, Element, tile.stages>,
-                         sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers, tile.dq_alternate>>;
+  using type = std::conditional_t<
+      (kTileDim > 128), sm90::WideBwdTraits<kTileDim, Element, tile.stages>,
+      sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers, tile.dq_alternate>>;
   static_assert(type::kBlockM == tile.block_m, "the tile table and the kernel agree on the query tile");
 };
 
-// One mode's launch: kOrdered, the deterministic mode (which may take other tiles than the default,
-// hopper_bwd_tile), or the default mode.
+// One mode's launch: kOrdered, the deterministic mode (p.deterministic; it may take other tiles
+// than the default, hopper_bwd_tile), or the default mode.
 template <int kHeadDim, class T, bool kOrdered>
 bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   constexpr int kTileDim = T::kHeadDim;
@@ -61,13 +59,13 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   // Deterministic mode: one CTA per work tile; the key tiles that visit a query tile add their dQ
   // into it one after another, each waiting for its turn, in the order hopper_turn_order picks
   // (bwd_layout.h says which and why).
-  const TurnOrder turns = p.deterministic ? hopper_turn_order(p.window_left, p.window_right, T::kHeadDim, n_blocks,
-                                                              (p.seqlen_q + BM - 1) / BM, sms)
-                                          : TurnOrder::down;
+  const TurnOrder turns =
+      kOrdered ? hopper_turn_order(p.window_left, p.window_right, T::kHeadDim, n_blocks, (p.seqlen_q + BM - 1) / BM, sms)
+               : TurnOrder::down;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
-  const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
+  const size_t turn_bytes = kOrdered ? size_t(p.heads_q * ws.tiles_per_head) * (kWide ? 2 : 1) * 4 : 0;
   // The schedule (bwd_schedule.cuh). Work tiles in index order: longest first under a right bound,
   // heads in sections whose Q, dO (16-bit) and dQ accumulator (fp32) fill at most half the L2, so
   // the CTAs running at once share a few heads' query-side data.
@@ -86,18 +84,18 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   order.num_m_blocks = int(n_blocks);
   order.heads = int(p.heads_kv);
   order.batch = int(p.batch);
-  order.longest_first = !p.deterministic && p.window_right >= 0;
+  order.longest_first = !kOrdered && p.window_right >= 0;
   order.section = l2_section(8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group()),
                              double(p.heads_kv) * double(p.batch), current_device_attribute(cudaDevAttrL2CacheSize));
   // d = 256: the grid (key tiles, KV heads, batch); else a 1-D grid over `order`.
   const int64_t tiles = kWide ? n_blocks : int64_t(order.num_tiles());
-  const bool persistent = !kWide && !p.deterministic;
+  const bool persistent = !kWide && !kOrdered;
   const bool dynamic = persistent && tiles > sms;
   const size_t counter_bytes = dynamic ? 16 : 0;
   const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + counter_bytes), stream);
   start_backward<typename T::Element>(p, ws, memory, rows, accum_bytes + turn_bytes + counter_bytes, stream);
   unsigned char* after_accum = reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes;
-  if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(after_accum);
+  if (kOrdered) ws.dq_turn = reinterpret_cast<int*>(after_accum);
   if (dynamic) sched.counter = reinterpret_cast<int*>(after_accum + turn_bytes);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
 
@@ -135,6 +133,9 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
 template <int kHeadDim, class Element, int kArch>
 bool run_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) {
   static_assert(kArch == 90, "the Hopper path is built for sm_90a only");
+  // Head dims between multiples of 64 (96) run in the next kernel width: the TMA maps carry the
+  // real d, so loads zero-fill the extra columns (which then add nothing to any product), and the
+  // stores of dk, dv and dq stop at d.
   constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
   using Default = typename HopperBwdTraits<kTileDim, Element, false>::type;
   using Ordered = typename HopperBwdTraits<kTileDim, Element, true>::type;
