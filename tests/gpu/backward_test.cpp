@@ -125,11 +125,19 @@ struct Problem {
   }
 
   void backward() {
+    poison_grads();
+    flashattn::backward(device_args());
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("backward failed on the device");
+    fetch_grads();
+  }
+
+  void poison_grads() {
     d_dq->poison();
     d_dk->poison();
     d_dv->poison();
-    flashattn::backward(device_args());
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("backward failed on the device");
+  }
+
+  void fetch_grads() {
     d_dq->copy_to(dq);
     d_dk->copy_to(dk);
     d_dv->copy_to(dv);
@@ -610,15 +618,11 @@ TEST_F(GpuBackward, CapturedInACudaGraphAndReplayed) {
     cudaGraphExec_t exec = nullptr;
     FA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int replay = 0; replay < 2; ++replay) {
-      pr.d_dq->poison();
-      pr.d_dk->poison();
-      pr.d_dv->poison();
+      pr.poison_grads();
       FA_CUDA_OK(cudaDeviceSynchronize());  // the poison ran on the default stream
       FA_CUDA_OK(cudaGraphLaunch(exec, stream));
       FA_CUDA_OK(cudaStreamSynchronize(stream));
-      pr.d_dq->copy_to(pr.dq);
-      pr.d_dk->copy_to(pr.dk);
-      pr.d_dv->copy_to(pr.dv);
+      pr.fetch_grads();
       EXPECT_EQ(pr.dk.storage, dk0) << "replay " << replay;
       EXPECT_EQ(pr.dv.storage, dv0) << "replay " << replay;
       EXPECT_TRUE(agree_to_rounding(pr.dq.values(), dq0)) << "replay " << replay;
