@@ -11,7 +11,7 @@ listed. Shapes follow the anchors: bf16, 16k tokens in total, hidden 2048.
 
   python3 bench/kernel_times.py --lib build/libflashattn.so --d 64 --s 2048 --causal 1 --mode bwd
   FLASHATTN_GPU_BACKWARD=portable python3 bench/kernel_times.py ... --against fa2   # the portable path
-  ncu --kernel-name regex:... python3 bench/kernel_times.py ... --calls 0   # counters instead
+  ncu --profile-from-start off ... python3 bench/kernel_times.py ... --calls 0   # counters instead
   python3 bench/kernel_times.py ... --timeline   # also one call's kernels on a time axis (overlaps)
 """
 import argparse
@@ -38,7 +38,14 @@ def profile_calls(fn, calls):
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    if calls == 0:  # under ncu, which takes CUPTI for itself: the warm-up calls are what it sees
+    if calls == 0:
+        # Under ncu, which takes CUPTI for itself: one call after the warm-up inside the CUDA
+        # profiler's range, which `ncu --profile-from-start off` profiles (every kernel of that
+        # call, none of the warm-up's).
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
         return {}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
