@@ -348,11 +348,15 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          block_m 128 would need 128 + 64 + 64 accumulator registers, more than the 240 a
 //          consumer has. Earlier, at block_m 64, three Q/dO stages with one dQ buffer measured
 //          0.97-1.01 of two with two (bench/results/h200_hopper_bwd_stages3_2026-12-02.txt).
-//   d=256: src/cuda/sm90/bwd_wide_kernel.cuh, 64 keys and 64 query rows per step: dK + dV of 64 keys
-//          would be 256 registers per thread of one warpgroup, so the warpgroups split the head dim
-//          (128 columns each: 64 + 64 accumulator registers) and share S^T, dP^T through shared
-//          memory. K, V 2 * 32 + Q, dO 2 * 2 * 32 + P^T, dS^T 2 * 8 + dP^T (fp32) 16 = 224 KB; a dQ
-//          staging buffer (64 KB) does not fit, so dQ is added from registers (red.v4); dq_buffers 0.
+//   d=256: src/cuda/sm90/bwd_wide_kernel.cuh, 64 query rows per step on two CTAs per 128 keys, each
+//          CTA one half of the head dim's columns of dK, dV and dQ (each warpgroup 64 keys x 128
+//          columns: 64 + 64 accumulator registers). K, V 2 * 64 + one stage of Q, dO 2 * 32 + dS^T
+//          2 * 16 = 224 KB, so one stage (K and V of 128 keys take what a second would) and no
+//          dQ staging buffer: dQ is added from registers (red.v4); dq_buffers 0. Against the
+//          previous kernel (64 keys per CTA, all columns, two stages): default mode 1.03-1.06x
+//          without a mask, 0.97-1.04x causal (the lowest at 2k; A/B runs of calls 6 and 7
+//          chained), deterministic 1.10-1.18x (call 8); H200, 2k-16k,
+//          bench/results/h200_session31_2026-12-04.txt.
 // Measured on an H200 (bf16, 16k tokens, hidden 2048, 2026-12-01, the whole backward in TFLOP/s
 // at 2k / 8k, bench/results/h200_bwd_persistent_2026-12-01.txt, calls 7 and 8): d=64 382 / 433
 // (causal 299 / 398), d=128 443 / 501 (causal 361 / 457), d=256 326 / 368 (causal 268 / 352),
@@ -390,7 +394,7 @@ struct HopperBwdTile {
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim, bool deterministic) {
   if (head_dim <= 64) return deterministic ? HopperBwdTile{128, 2, 1} : HopperBwdTile{128, 2, 1, true};
   if (head_dim <= 128) return deterministic ? HopperBwdTile{80, 2, 1} : HopperBwdTile{64, 2, 2, true};
-  return {64, 2, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
+  return {64, 1, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
 }
 
 }  // namespace flashattn::cuda

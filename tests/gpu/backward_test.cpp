@@ -464,8 +464,8 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
 }
 
 // One head's key tiles outnumber what the GPU holds at once (24000 keys: 188 key tiles of 128 at
-// d=128, 375 of 64 at d=256, one CTA per SM): key tiles wait for turns of CTAs that are not
-// resident yet, and the ordered mode must still finish (a key tile only ever waits for key tiles
+// d=128 and d=256, one CTA per SM, two per key tile at d=256): key tiles wait for turns of CTAs
+// that are not resident yet, and the ordered mode must still finish (a key tile only ever waits for key tiles
 // that start before it: lower ones, or higher ones under a right bound, which then start first),
 // repeat bitwise, and agree with the default mode to rounding. The same for the `around` order
 // (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of 128 at d=64, 132
@@ -533,9 +533,10 @@ TEST_F(GpuBackward, PersistentGridWalksMoreTilesThanSms) {
     }
 }
 
-// The d = 256 kernel's score warpgroup reads the dO tile for dV: it once waited only for Q, and
-// its dV read dO before the tile landed in some runs (wrong dV at causal 4k-8k on the H200, about
-// one run in three on one build). Repeated runs of such a shape agree with the portable path.
+// Every warpgroup of the d = 256 kernel waits for the dO tile before its products read it: in the
+// previous kernel one warpgroup waited only for Q, and its dV read dO before the tile landed in
+// some runs (wrong dV at causal 4k-8k on the H200, about one run in three on one build). Repeated
+// runs of such a shape agree with the portable path.
 TEST_F(GpuBackward, WideHeadsDvWaitsForDo) {
   Case c;
   c.batch = 2;

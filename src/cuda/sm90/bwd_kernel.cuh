@@ -234,10 +234,14 @@ __device__ __forceinline__ void warpgroup_issue_dk_t(float (&dk)[T::kHeadDim / 2
 // `regs`: the registers those products used (accumulators, A fragments), pinned here, after the
 // caller's warpgroup_wait, so that the compiler leaves them alone while the wgmmas ran.
 template <class... Regs>
-__device__ __forceinline__ void thread_release_stage(const BwdRing& r, int stage, Regs&... regs) {
+__device__ __forceinline__ void thread_release_stage_at(uint64_t* empty, Regs&... regs) {
   (ptx::thread_pin(regs), ...);
   ptx::thread_fence_proxy_async_smem();
-  ptx::thread_mbarrier_arrive(&r.qdo_empty[stage]);
+  ptx::thread_mbarrier_arrive(empty);
+}
+template <class... Regs>
+__device__ __forceinline__ void thread_release_stage(const BwdRing& r, int stage, Regs&... regs) {
+  thread_release_stage_at(&r.qdo_empty[stage], regs...);
 }
 
 // dK (times the softmax scale) and dV of one key tile, written once from a thread's accumulators:

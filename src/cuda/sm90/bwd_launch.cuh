@@ -23,9 +23,11 @@ template <int kTileDim, class Element, bool kDeterministic>
 struct HopperBwdTraits {
   static constexpr HopperBwdTile tile = hopper_bwd_tile(kTileDim, kDeterministic);
   using type = std::conditional_t<
-      (kTileDim > 128), sm90::WideBwdTraits<kTileDim, Element, tile.stages>,
+      (kTileDim > 128),
+      sm90::WideBwdTraits<kTileDim, Element>,
       sm90::BwdTraits<kTileDim, Element, tile.block_m, tile.stages, tile.dq_buffers, tile.dq_alternate>>;
-  static_assert(type::kBlockM == tile.block_m, "the tile table and the kernel agree on the query tile");
+  static_assert(type::kBlockM == tile.block_m && type::kStages == tile.stages,
+                "the tile table and the kernel agree on the query tile and the stages");
 };
 
 // One mode's launch: kOrdered, the deterministic mode (p.deterministic; it may take other tiles
@@ -58,10 +60,11 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   ws.tiles_per_head = tiles_per_head(p, BM);
   // Deterministic mode: one CTA per work tile; the key tiles that visit a query tile add their dQ
   // into it one after another, each waiting for its turn, in the order hopper_turn_order picks
-  // (bwd_layout.h says which and why).
-  const TurnOrder turns =
-      kOrdered ? hopper_turn_order(p.window_left, p.window_right, T::kHeadDim, n_blocks, (p.seqlen_q + BM - 1) / BM, sms)
-               : TurnOrder::down;
+  // (bwd_layout.h says which and why). At d = 256 a key tile takes two CTAs (one per column half,
+  // each with turns of its own), so half as many key tiles fit on the GPU at once.
+  const TurnOrder turns = kOrdered ? hopper_turn_order(p.window_left, p.window_right, T::kHeadDim, n_blocks,
+                                                       (p.seqlen_q + BM - 1) / BM, kWide ? sms / 2 : sms)
+                                   : TurnOrder::down;
   const int64_t rows = p.heads_q * ws.tiles_per_head * BM;
   const size_t accum_bytes = size_t(rows) * kTileDim * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
@@ -76,8 +79,8 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   //   * the ordered deterministic mode: one CTA per tile, in index order (the order the hardware
   //     starts CTAs in), key tiles descending in the `up` order, else ascending; which CTAs a tile
   //     may wait for, and why that always finishes, is hopper_turn_order's comment (bwd_layout.h).
-  //   * d = 256 (bwd_wide_kernel.cuh): one CTA per tile on the grid (key tiles, KV heads, batch),
-  //     read from blockIdx (see that kernel for why); it takes no schedule.
+  //   * d = 256 (bwd_wide_kernel.cuh): two CTAs per key tile (one per half of the head dim) on
+  //     the grid (2 x key tiles, KV heads, batch), read from blockIdx; it takes no schedule.
   sm90::BwdSchedule& sched = P.sched;
   sched.turns = turns;
   TileScheduler& order = sched.order;
@@ -87,7 +90,7 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   order.longest_first = !kOrdered && p.window_right >= 0;
   order.section = l2_section(8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group()),
                              double(p.heads_kv) * double(p.batch), current_device_attribute(cudaDevAttrL2CacheSize));
-  // d = 256: the grid (key tiles, KV heads, batch); else a 1-D grid over `order`.
+  // d = 256: the grid (2 x key tiles, KV heads, batch); else a 1-D grid over `order`.
   const int64_t tiles = kWide ? n_blocks : int64_t(order.num_tiles());
   const bool persistent = !kWide && !kOrdered;
   const bool dynamic = persistent && tiles > sms;
@@ -110,7 +113,7 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   auto kernel = p.softcap > 0.f ? pick(std::true_type{}) : pick(std::false_type{});
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
         "cudaFuncSetAttribute(backward, shared memory)");
-  const dim3 grid = kWide ? dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch)
+  const dim3 grid = kWide ? dim3(unsigned(2 * n_blocks), unsigned(p.heads_kv), batch)
                           : dim3(unsigned(persistent ? std::min<int64_t>(tiles, sms) : tiles));
   if (tiles > 0) {
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(P);

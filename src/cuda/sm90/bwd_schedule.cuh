@@ -1,7 +1,8 @@
 // The Hopper backward's schedule and producer, shared by its two kernels (bwd_kernel.cuh,
 // bwd_wide_kernel.cuh; the former's header describes the design): which work tiles a CTA visits,
 // the query steps of a key tile and their order in deterministic mode, the ring of shared-memory
-// stages the producer fills, and the producer's loads.
+// stages the producer fills, and the producer's loads (the d = 256 kernel's producer loads its one
+// stage itself, dO before Q).
 #pragma once
 
 #include <cuda.h>
@@ -226,14 +227,6 @@ __device__ __forceinline__ bool tile_at(const BwdSchedule& s, int idx, BwdTile* 
   return true;
 }
 
-// The first key tile of a CTA on a grid over key tiles (blockIdx.x), in BwdSchedule's order.
-template <bool kOrdered>
-__device__ __forceinline__ unsigned grid_key_tile(const BwdSchedule& s) {
-  if constexpr (kOrdered)
-    if (s.keys_descending()) return gridDim.x - 1 - blockIdx.x;
-  return blockIdx.x;
-}
-
 // The j-th work tile of a role that reads the schedule (the consumers, the dQ writer; idx: the
 // previous index in, this one out) and its sequences; false past the last tile.
 template <int BM, int BN, bool kOrdered>
@@ -299,19 +292,6 @@ __device__ __forceinline__ void thread_load_walk(const BwdParams& P, const BwdRi
     const BwdCta c = bwd_cta<T::kBlockM, T::kBlockN>(P.p, tl.hk, tl.b);
     if (tl.n < c.n_blocks) thread_load_tile<T, kOrdered>(P, c, r, tl.n, kt, it, P.sched.turns);
   }
-}
-
-// The producer of a CTA with one (KV head, batch entry) `c` from the grid, on the CTA's schedule
-// `s`: key tiles grid_key_tile, + gridDim.x, ... (a kernel that never walks keeps this lighter
-// loop: the walk's extra live values in this thread changed the d = 256 kernel's register
-// allocation).
-template <class T, bool kOrdered>
-__device__ __forceinline__ void thread_load_cta(const BwdParams& P, const BwdSchedule& s, const BwdCta& c,
-                                                const BwdRing& r) {
-  thread_prefetch_maps(P);
-  int kt = 0, it = 0;
-  for (int64_t n = grid_key_tile<kOrdered>(s); n < c.n_blocks; n += gridDim.x)
-    thread_load_tile<T, kOrdered>(P, c, r, n, kt, it, s.turns);
 }
 
 #endif

@@ -1,29 +1,49 @@
 // The Hopper backward for wide heads (d = 256), beside the d <= 128 kernel of bwd_kernel.cuh, whose
-// header describes what both share: one CTA per (key tile, KV head, batch) streaming the query
-// tiles of the GQA group, the producer warp and its ring (thread_load_cta in bwd_schedule.cuh),
-// the softmax scale folded into dK and dQ, and the fragment-order dQ workspace. The warpgroup
-// steps both run are in bwd_kernel.cuh too: warpgroup_product_over_d, warpgroup_issue_dq,
-// thread_release_stage, thread_store_dk_dv.
+// header describes what both share (the producer's ring of bwd_schedule.cuh, the softmax scale
+// folded into dK and dQ, the fragment-order dQ workspace, the deterministic mode's turns) and
+// whose warpgroup steps this one calls (warpgroup_product_over_d, warpgroup_issue_dq,
+// thread_release_stage_at, thread_store_dk_dv).
 //
-// At d = 256, dK and dV of 64 keys take 256 fp32 registers per thread of one warpgroup, more than a
-// consumer has. So the two consumer warpgroups split the head dim instead of the keys: the CTA
-// owns kBlockN = 64 keys and each warpgroup accumulates dK, dV (and dQ) for 128 of the columns.
-// The score and gradient products are not split; each warpgroup computes one of them:
-//   * the score warpgroup (consumer 0): S^T = K Q^T (wgmma, both operands in shared memory),
-//     P^T = exp2(S^T c - lse2) in registers; once the other warpgroup's dP^T is in shared memory,
-//     dS^T = P^T o (dP^T - delta). P^T and dS^T go to shared memory (bf16) for the other warpgroup;
-//     this one uses them from registers.
-//   * the gradient warpgroup (consumer 1): dP^T = V dO^T into shared memory (fp32, fragment order).
-//   * each warpgroup for its columns c: dV[:, c] += P^T dO[:, c], dK[:, c] += dS^T Q[:, c] (the score
-//     warpgroup with A from registers, the other from shared memory), dQ[:, c] = dS K[:, c] (dS^T
-//     read transposed from shared memory).
-// dQ goes from the accumulators to the fp32 workspace with vector reductions (red.v4, 512
-// contiguous bytes per warp instruction): a 64 x 256 fp32 staging buffer does not fit beside K, V
-// and two stages of Q and dO. The workspace order is the d <= 128 kernel's, dQ split by columns, so
-// backward_convert_dq_kernel reads it unchanged.
-// Determinism: turns as in bwd_kernel.cuh, per warpgroup half of a dQ tile (two turn counters per
-// tile), each half's kept by a thread of the producer warpgroup (thread_keep_turns), off the
-// consumers' path.
+// dK and dV of 64 keys over all 256 columns would take 256 fp32 registers per thread of a
+// warpgroup, more than a consumer has. So CTAs split the head dim, as cuDNN's kernel does (its SASS,
+// read with ncu's source counters on the H200: tiles 64 x 64 x 256, two CTAs per 128 keys). A CTA
+// owns 128 keys (64 per consumer warpgroup) and one half of the columns of dK, dV and dQ; the CTA
+// beside it (blockIdx.x ^ 1) owns the other half. Each warpgroup's dK and dV (64 keys x 128
+// columns: 64 + 64 registers) stay in its registers, and a query step adds a 64 x 128 fp32 dQ tile
+// for 128 keys. The price: both CTAs of a key tile compute S^T = K Q^T and dP^T = V dO^T over the
+// whole head dim, 1.4 times the matrix work of a split by keys. In exchange each warpgroup computes
+// S^T, P^T, dP^T and dS^T of its own keys in its own registers, and the two meet once per step,
+// when both halves of dS^T are in shared memory for dQ.
+// The kernel before this one (64 keys per CTA, all 256 columns, its warpgroups dividing S^T and
+// dP^T and passing P^T, dS^T and dP^T through shared memory) added a 64 x 256 dQ tile per step, per
+// FLOP twice this kernel's additions, and ncu put 17% of its warp samples on those reductions and
+// on waiting for them to drain (docs/performance.md, session 31). Staging its dQ in the step's Q
+// and dO tiles for bulk reductions instead was 14-16% slower: the reductions then queued in the copy
+// engine ahead of the next loads.
+//
+// A consumer warpgroup's query step (the ring has one stage: K and V of 128 keys take what a second
+// would need):
+//   dP^T = V dO^T, S^T = K Q^T (wgmma, both operands in shared memory; dO is loaded first and
+//   freed first, see below);
+//   P^T = exp2(S^T c - lse2); dV[:, cols] += P^T dO[:, cols] (A from registers) while
+//   dS^T = P^T o (dP^T - delta) is computed; dK[:, cols] += dS^T Q[:, cols] (A from registers);
+//   dO freed once dV completed; dS^T to shared memory (stmatrix), one buffer per step parity; the
+//   step's barrier (both halves of dS^T are in); Q freed once dK completed;
+//   dQ[:, 64 columns] = dS K[:, those columns] over all 128 keys, each warpgroup its 64 of the
+//   CTA's 128 columns, added to the fp32 workspace by red.v4.
+// A buffer of dS^T is rewritten two steps later, after both warpgroups passed the barrier in
+// between, which each reaches only once its dQ product completed.
+// Measured on the H200 (bench/ab_compare.py, bf16, 16k tokens, hidden 2048, 2k-16k, causal and
+// not; bench/results/h200_session31_2026-12-04.txt): dO loaded and freed apart from Q, with dP^T
+// first, 1.003-1.015x against one Q/dO stage freed at once (call 4); dQ by both warpgroups every step
+// 0.992-1.004x against the warpgroups in turns with all 128 columns (call 6; bwd_kernel.cuh's
+// kDqAlternate); masked elements zeroed in a pass of their own behind the step's uniform branch,
+// not by a select per element in every step, 1.015-1.038x (call 7). Not kept: lse2 and delta read
+// as float2 (0.965-0.993x, call 5), a warpgroup skipping the steps its 64 keys are hidden from
+// (0.972-0.999x, call 7).
+// Deterministic mode: the dQ turns are per query tile and column half (two counters per tile), kept
+// by a thread of the producer warpgroup (WideBars), so the consumers neither poll nor wait on a
+// memory fence.
 #pragma once
 
 #include <cuda.h>
@@ -35,354 +55,272 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim_, class Element_, int kStages_>
+template <int kHeadDim_, class Element_>
 struct WideBwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;  // query rows per step
-  static constexpr int kBlockN = 64;  // keys per CTA
-  static constexpr int kStages = kStages_;
+  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
+  static constexpr int kStages = 1;
   static constexpr int kThreads = 384;
   static constexpr int kColBlocks = kHeadDim / 64;
-  static constexpr int kHalf = kHeadDim / 2;  // dK, dV, dQ columns per consumer warpgroup
+  static constexpr int kHalf = kHeadDim / 2;  // dK, dV, dQ columns per CTA
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kPBytes = kBlockN * kBlockM * 2;  // P^T or dS^T: bf16, one swizzled column block
-  static constexpr int kDpBytes = kBlockN * kBlockM * 4;  // dP^T: fp32, fragment order
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries], one swizzled column block
   // The dQ workspace as backward_convert_dq_kernel reads it: fragment order, split by columns.
   static constexpr bool kDqSplitRows = false;
   static constexpr bool kDqTransposed = false;
   static constexpr int kDqN = kHalf;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  // Named barriers (0 is __syncthreads): "dP^T is in shared memory" (gradient -> score
-  // warpgroup), "P^T and dS^T are" (score -> gradient), and the score warpgroup's own "dS^T is"
-  // (its dQ reads what all four of its warps wrote). Each is arrived at on one side and waited on
-  // on the other, or used by one warpgroup alone.
-  static constexpr int kDpBarrier = 1;
-  static constexpr int kPBarrier = 2;
-  static constexpr int kDsBarrier = 3;
+  static constexpr int kDsBarrier = 1;    // + step parity: both halves of that step's dS^T are stored
   static constexpr int kTileReaders = 0;  // one tile per CTA: no tile handoff
-  // mbarriers: the ring's (K/V full and empty, Q full, dO full, Q/dO empty per stage), then the
-  // ordered mode's turn handshake per consumer warpgroup: "turn granted", "dQ added" (TurnBars).
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages + 4);
-  static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes + kDpBytes +
+  // The ring's barriers, then "dO free" (the ring's Q/dO barrier frees Q alone here) and the
+  // ordered mode's turn handshake ("turn granted", "dQ added"; WideBars).
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages + 3);
+  static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes +
                                     2 * kStages * kBlockM * 4 + kBarrierBytes;
-  static_assert(kHalf % 64 == 0, "a warpgroup's columns are whole 64-column blocks");
+  static_assert(kHalf % 64 == 0, "a CTA's columns are whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-// Ordered mode: the handshake between consumer warpgroup c and the thread keeping its turns, two
-// mbarriers per warpgroup after the ring's (this kernel has no tile handoff there).
-struct TurnBars {
-  uint64_t* at;  // granted[2], then added[2]
-  __device__ __forceinline__ uint64_t* granted(int c) const { return at + c; }
-  __device__ __forceinline__ uint64_t* added(int c) const { return at + 2 + c; }
+// The barriers this kernel adds after the ring's: dO freed apart from Q, and in the ordered mode
+// the handshake between the consumers and the thread that keeps the CTA's dQ turns.
+struct WideBars {
+  uint64_t* at;
+  __device__ __forceinline__ uint64_t* do_empty() const { return at; }
+  __device__ __forceinline__ uint64_t* granted() const { return at + 1; }
+  __device__ __forceinline__ uint64_t* added() const { return at + 2; }
 };
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Ordered mode: the turns of consumer warpgroup c's half of each step's dQ tile, kept by one
-// thread of the producer warpgroup, so the consumers neither poll nor wait on a memory fence. Per
-// step (the consumers' walk): await the turn, grant it to the warpgroup, wait until its 128
-// threads arrived after their reductions, and pass the turn. Their mbarrier arrivals release
-// their reductions to this thread, and its gpu-scope release passes them on (cumulativity).
-template <class T>
-__device__ __forceinline__ void thread_keep_turns(const BwdParams& P, const BwdSchedule& sched, const BwdCta& cta,
-                                                  const TurnBars& bars, int c) {
-  constexpr int BM = T::kBlockM, BN = T::kBlockN;
-  const BwdWorkspace& ws = P.ws;
-  uint32_t phase = 0;
-  for (int64_t n = grid_key_tile<true>(sched); n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, true>(cta.mask, n, cta.group, sched.turns);
-    for (int s = 0; s < ks.steps; ++s, phase ^= 1u) {
-      int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + c;
-      ptx::thread_wait_turn_bulk(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), sched.turns));
-      ptx::thread_mbarrier_arrive(bars.granted(c));
-      ptx::thread_mbarrier_wait(bars.added(c), phase);
-      ptx::thread_pass_turn_bulk(turn);
-    }
-  }
-}
-#endif
 
 template <class T, bool kSoftcap, bool kOrdered>
 __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __grid_constant__ BwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using E = typename T::Element;
-  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, H = T::kHalf;
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN, H = T::kHalf;
   const core::BackwardParams& p = P.p;
   const BwdWorkspace& ws = P.ws;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = ptx::align_shared_1024(smem_raw);
-  unsigned char* sP = smem + 2 * T::kKVBytes + 2 * S * T::kQBytes;  // P^T, [BN keys][BM queries]
-  unsigned char* sdS = sP + T::kPBytes;                                // dS^T, same layout
-  float* sdP = reinterpret_cast<float*>(sdS + T::kPBytes);             // dP^T, fragment order
-  const BwdRing ring = bwd_ring<T>(smem, sdP + BN * BM);
-  const TurnBars turn_bars{ring.qdo_empty + S};
-  if constexpr (kOrdered)
-    if (threadIdx.x == 0) {
-      for (int c = 0; c < 2; ++c) {
-        ptx::thread_mbarrier_init(turn_bars.granted(c), 1);
-        ptx::thread_mbarrier_init(turn_bars.added(c), 128);
-      }
-      ptx::thread_fence_mbarrier_init();
+  unsigned char* sdS = smem + 2 * T::kKVBytes + 2 * T::kStages * T::kQBytes;  // [step parity][BN keys][BM queries]
+  const BwdRing ring = bwd_ring<T>(smem, reinterpret_cast<float*>(sdS + 2 * T::kDsBytes));
+  // dO is freed apart from Q (ring.qdo_empty): its last product, dV, completes before Q's, dK, and
+  // the next step starts with dP^T, so dO(s + 1) loads while step s's dK and dQ finish.
+  const WideBars bars{ring.qdo_empty + T::kStages};
+  uint64_t* do_empty = bars.do_empty();
+  if (threadIdx.x == 0) {
+    ptx::thread_mbarrier_init(do_empty, 256);  // every consumer thread
+    if constexpr (kOrdered) {
+      ptx::thread_mbarrier_init(bars.granted(), 1);
+      ptx::thread_mbarrier_init(bars.added(), 256);
     }
+    ptx::thread_fence_mbarrier_init();
+  }
   __syncthreads();
 
-  // The grid is (key tiles, KV heads, batch) and this kernel decodes no tile index: the tile walk of
-  // the d <= 128 kernel (persistent CTAs, tiles decoded from an index) cost this kernel registers
-  // in its step loop (spill loads there, compiled here) and 7-10% of its speed on the H200.
+  // The grid is (2 x key tiles, KV heads, batch): the two CTAs of a key tile are neighbours, so they
+  // start together and share their loads of K, V, Q and dO in L2.
   const BwdCta cta = bwd_cta<BM, BN>(p, int(blockIdx.y), int(blockIdx.z));
-  const core::MaskSpec& mask = cta.mask;
-  // Ordered mode in the `up` order, with more than one (KV head, batch) pair: the grid's last pair
-  // walks `down` instead, key tiles ascending, so that the launch ends with that pair's shortest
-  // key tiles rather than a longest one (bwd_layout.h). Its key tiles wait only for its lower ones,
-  // launched before them, so the grid still always finishes.
+  // Ordered deterministic mode: key tiles in the launch order the turns need (descending in the
+  // `up` order, so that each waits only for key tiles launched before it; bwd_layout.h). With more
+  // than one (KV head, batch) pair, the grid's last pair walks `down` instead, key tiles ascending,
+  // so that the launch ends with that pair's shortest key tiles rather than a longest one; its key
+  // tiles wait only for its lower ones, launched before them, so the grid still always finishes.
   BwdSchedule sched = P.sched;
   if constexpr (kOrdered)
     if (sched.turns == TurnOrder::up && gridDim.y * gridDim.z > 1 && blockIdx.y == gridDim.y - 1 &&
         blockIdx.z == gridDim.z - 1)
       sched.turns = TurnOrder::down;
+  const int64_t n = kOrdered && sched.keys_descending() ? gridDim.x / 2 - 1 - blockIdx.x / 2 : blockIdx.x / 2;
+  const int half = int(blockIdx.x % 2);  // columns [H half, H half + H) of dK, dV and dQ
+  if (n >= cta.n_blocks) return;
+  const auto ks = key_steps<BM, BN, kOrdered>(cta.mask, n, cta.group, sched.turns);
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     ptx::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one()) thread_load_cta<T, kOrdered>(P, sched, cta, ring);
+    if (threadIdx.x / 32 == 0 && ptx::warp_elect_one() && ks.steps > 0) {
+      // As thread_load_tile (bwd_schedule.cuh) with one stage, dO before Q.
+      thread_prefetch_maps(P);
+      const int tma_b = cta.varlen ? 0 : cta.b;
+      ptx::thread_mbarrier_arrive_expect_tx(ring.kv_full, 2 * T::kKVBytes);
+      thread_tma_load_tile<BN, T::kColBlocks>(ring.k, &P.tk, ring.kv_full, int(cta.k0 + n * BN), cta.hk, tma_b);
+      thread_tma_load_tile<BN, T::kColBlocks>(ring.v, &P.tv, ring.kv_full, int(cta.k0 + n * BN), cta.hk, tma_b);
+      for (int s = 0; s < ks.steps; ++s) {
+        const uint32_t free_phase = (uint32_t(s) & 1u) ^ 1u;
+        const int h = cta.hk * cta.group + ks.head(s);
+        const int64_t m = ks.m_of(s);
+        const int row = int(cta.q0 + m * BM);
+        const int64_t w = (int64_t(h) * ws.tiles_per_head + cta.tile0 + m) * BM;
+        ptx::thread_mbarrier_wait(do_empty, free_phase);
+        ptx::thread_mbarrier_arrive_expect_tx(ring.do_full, T::kQBytes + BM * 4);
+        thread_tma_load_tile<BM, T::kColBlocks>(ring.dout, &P.tdo, ring.do_full, row, h, tma_b);
+        ptx::thread_bulk_load(ring.delta, ws.delta + w, BM * 4, ring.do_full);
+        ptx::thread_mbarrier_wait(ring.qdo_empty, free_phase);
+        ptx::thread_mbarrier_arrive_expect_tx(ring.q_full, T::kQBytes + BM * 4);
+        thread_tma_load_tile<BM, T::kColBlocks>(ring.q, &P.tq, ring.q_full, row, h, tma_b);
+        ptx::thread_bulk_load(ring.lse, ws.lse2 + w, BM * 4, ring.q_full);
+      }
+    }
     if constexpr (kOrdered) {
-      const int warp = int(threadIdx.x) / 32;
-      if ((warp == 1 || warp == 2) && ptx::warp_elect_one())
-        thread_keep_turns<T>(P, sched, cta, turn_bars, warp - 1);
+      // The CTA's dQ turns (one counter per query tile and column half), kept by one thread off
+      // the consumers' path: per step, await the turn,
+      // grant it to both warpgroups, wait until their 256 threads arrived after their reductions
+      // (their mbarrier arrivals release those to this thread, and its gpu-scope release passes
+      // them on), and pass it.
+      if (threadIdx.x / 32 == 1 && ptx::warp_elect_one())
+        for (int s = 0; s < ks.steps; ++s) {
+          int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + half;
+          ptx::thread_wait_turn_bulk(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), sched.turns));
+          ptx::thread_mbarrier_arrive(bars.granted());
+          ptx::thread_mbarrier_wait(bars.added(), uint32_t(s) & 1u);
+          ptx::thread_pass_turn_bulk(turn);
+        }
     }
     return;
   }
 
   ptx::warpgroup_reg_alloc<T::kConsumerRegs>();
-  const int cwg = wg - 1;  // 0: the score warpgroup, 1: the gradient one; columns [H cwg, H cwg + H)
+  const int cwg = wg - 1;  // keys [64 cwg, 64 cwg + 64) of the CTA's
   const int tid = int(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // Accumulator i of a BN x BM product (S^T, dP^T): key row key_a + 8 ((i >> 1) & 1), query
-  // column 8 (i >> 2) + 2t + (i & 1); of a dK / dV product: the same rows, column 8 (i >> 2) + 2t
-  // + (i & 1) of this warpgroup's half.
+  // Accumulator i of a 64 x BM product (S^T, dP^T): key row key_a + 8 ((i >> 1) & 1) of the
+  // warpgroup's 64, query column 8 (i >> 2) + 2t + (i & 1); of a dK / dV product: the same rows,
+  // column 8 (i >> 2) + 2t + (i & 1) of the CTA's half.
   const int key_a = 16 * warp + g;
+  const int64_t key0 = n * BN + 64 * cwg;  // the warpgroup's first key
   const float c_log2 = float(core::kLog2e) * (kSoftcap ? p.softcap : p.scale);
   const float tanh_scale = kSoftcap ? p.scale / p.softcap : 0.f;
-  // The dQ accumulator, addressed as a per-CTA slice in a deterministic call of this kernel. No
-  // call is (deterministic mode runs the ordered kernel), but without this offset ptxas allocates
-  // this kernel's registers otherwise and the default backward ran 3-5% slower (H200,
-  // bench/results/h200_bwd_det_up_2026-12-02.txt).
-  const bool sliced = !kOrdered && p.deterministic;
-  float* slice = ws.dq_accum + (sliced ? int64_t(blockIdx.x) * p.heads_q * ws.tiles_per_head * BM * D : 0);
 
-  // S^T (score) or dP^T (gradient): A = this warpgroup's K or V rows, K-major.
-  const uint64_t kv_desc = ptx::make_smem_desc_sw128(cwg == 0 ? ring.k : ring.v, 16, 1024);
-  // dS^T read transposed: dQ's A operand.
-  const uint64_t dst_desc = ptx::make_smem_desc_sw128(sdS, BN * 128, 1024);
-  // This warpgroup's columns of K as dQ's MN-major B operand, and the offset of its columns in a
-  // Q or dO tile.
-  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + cwg * (H / 64) * BN * 128, BN * 128, 1024);
-  const int half_off = cwg * (H / 64) * BM * 128;
+  // S^T, dP^T: A = the warpgroup's 64 rows of K or V, B = Q or dO, all K-major.
+  const uint64_t k_desc = ptx::make_smem_desc_sw128(ring.k + cwg * 64 * 128, 16, 1024);
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(ring.v + cwg * 64 * 128, 16, 1024);
+  const uint64_t q_desc = ptx::make_smem_desc_sw128(ring.q, 16, 1024);
+  const uint64_t do_desc = ptx::make_smem_desc_sw128(ring.dout, 16, 1024);
+  // The CTA's columns of Q and dO (dK's and dV's MN-major B), and of K (dQ's).
+  const int half_off = half * (H / 64) * BM * 128;
+  const uint64_t q_mn = ptx::make_smem_desc_sw128(ring.q + half_off, BM * 128, 1024);
+  const uint64_t do_mn = ptx::make_smem_desc_sw128(ring.dout + half_off, BM * 128, 1024);
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + half * (H / 64) * BN * 128, BN * 128, 1024);
 
-  // dQ[:, half] (warpgroup_issue_dq) into workspace tile `tile` (query head, query tile), once it
-  // landed. Ordered deterministic mode: once this warpgroup's turn keeper (thread_keep_turns)
-  // granted the turn at the tile, each thread then arriving after its reductions.
-  uint32_t turn_phase = 0;  // ordered mode: the handshake's phase (one per step)
-  auto add_dq = [&](float(&dq)[H / 2], int tile) {
-    ptx::thread_pin(dq);
-    if constexpr (kOrdered) ptx::thread_mbarrier_wait(turn_bars.granted(cwg), turn_phase);
-    // float4 c of this thread at ((c * 2 + cwg) * 128 + tid) * 4: constant steps from one base
-    // address (immediate offsets, not one 64-bit address per instruction).
-    float* dst = slice + int64_t(tile) * BM * D + (cwg * 128 + tid) * 4;
+  float dk[H / 2], dv[H / 2];
 #pragma unroll
-    for (int c = 0; c < H / 8; ++c)
-      ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
-    if constexpr (kOrdered) {
-      ptx::thread_mbarrier_arrive(turn_bars.added(cwg));
-      turn_phase ^= 1u;
-    }
-  };
+  for (int i = 0; i < H / 2; ++i) dk[i] = dv[i] = 0.f;
 
-  // One query step: its ring stage, its workspace tile, and where its operands sit.
-  struct Step {
-    int stage;
-    uint32_t phase;
-    // Query tile, key tile, first key, workspace tile: int32, as sequence lengths are, and a tile
-    // index past that would address a workspace too large to allocate.
-    int m, n, key0, tile;
-    unsigned char *q, *dout;  // the stage's Q and dO tiles
-    uint64_t q_mn, do_mn;     // this warpgroup's columns of them, MN-major
-  };
+  if (ks.steps > 0) {
+    ptx::thread_mbarrier_wait(ring.kv_full, 0);
+    for (int s = 0; s < ks.steps; ++s) {
+      const uint32_t phase = uint32_t(s) & 1u;
+      const int h = cta.hk * cta.group + ks.head(s);
+      const int64_t m0 = ks.m_of(s) * BM;
+      const int tile = int(int64_t(h) * ws.tiles_per_head + cta.tile0 + ks.m_of(s));
+      unsigned char* sdSs = sdS + (s & 1) * T::kDsBytes;
 
-  auto score_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
-    const int stage = at.stage;
-    const int m = at.m, n = at.n, key0 = at.key0;
-    const uint64_t q_mn = at.q_mn, do_mn = at.do_mn;
-    float st[BM / 2];
-    ptx::thread_mbarrier_wait(&ring.q_full[stage], at.phase);
-    ptx::thread_pin(st);
-    ptx::warpgroup_fence();
-    warpgroup_product_over_d<T>(st, kv_desc, ptx::make_smem_desc_sw128(at.q, 16, 1024));
-    // The step's mask while S^T is on the tensor cores (see the d <= 128 kernel).
-    const int64_t m0 = int64_t(m) * BM;
-    const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
-    const bool masked = rows < BM || core::tile_range(mask, m0, m0 + rows, BN).needs_mask(n);
-    const uint64_t vis = masked ? visible_set_wide<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
-    const float* lse2 = ring.lse + stage * BM;
-    const float* delta = ring.delta + stage * BM;
-    ptx::warpgroup_wait<0>();
-    ptx::thread_pin(st);
-    float dtanh[kSoftcap ? BM / 2 : 1];  // softcap: d tanh(x) / dx = 1 - tanh^2
+      float st[BM / 2], dp[BM / 2];
+      ptx::thread_mbarrier_wait(ring.do_full, phase);
+      ptx::thread_pin(dp);
+      ptx::warpgroup_fence();
+      warpgroup_product_over_d<T>(dp, v_desc, do_desc);
+      ptx::thread_mbarrier_wait(ring.q_full, phase);
+      ptx::thread_pin(st);
+      warpgroup_product_over_d<T>(st, k_desc, q_desc);
+      // The step's mask while the products run (see bwd_kernel.cuh).
+      const int rows = int(cta.sq - m0 < BM ? cta.sq - m0 : BM);
+      const bool masked = rows < BM || core::tile_range(cta.mask, m0, m0 + rows, 64).needs_mask(key0 / 64);
+      const uint64_t vis = masked ? visible_set_wide<BM>(cta.mask, m0, key0 + key_a, t) : ~uint64_t(0);
+      const float* lse2 = ring.lse;
+      const float* delta = ring.delta;
+      // In a masked step, the elements of `x` that `vis` hides become 0: a pass of its own behind a
+      // branch uniform across the CTA, so unmasked steps (most) run no per-element select.
+      auto zero_hidden = [&](float(&x)[BM / 2]) {
+        if (masked) {
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) {
-      const float l = lse2[8 * (i >> 2) + 2 * t + (i & 1)];
-      if constexpr (kSoftcap) {
-        const float u = ptx::thread_tanh(st[i] * tanh_scale);
-        dtanh[i] = 1.f - u * u;
-        st[i] = ptx::thread_exp2(fmaf(u, c_log2, -l));
-      } else {
-        st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -l));
+          for (int i = 0; i < BM / 2; ++i)
+            if (!((vis >> i) & 1)) x[i] = 0.f;
+        }
+      };
+      ptx::warpgroup_wait<0>();
+      ptx::thread_pin(st);
+      ptx::thread_pin(dp);
+      float dtanh[kSoftcap ? BM / 2 : 1];  // softcap: d tanh(x) / dx = 1 - tanh^2
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) {
+        const float l = lse2[8 * (i >> 2) + 2 * t + (i & 1)];
+        if constexpr (kSoftcap) {
+          const float u = ptx::thread_tanh(st[i] * tanh_scale);
+          dtanh[i] = 1.f - u * u;
+          st[i] = ptx::thread_exp2(fmaf(u, c_log2, -l));
+        } else {
+          st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -l));
+        }
       }
-      if (masked && !((vis >> i) & 1)) st[i] = 0.f;
-    }
-    uint32_t pf[BM / 4], dsf[BM / 4];
+      zero_hidden(st);
+      uint32_t pf[BM / 4], dsf[BM / 4];
 #pragma unroll
-    for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
-    // dV[:, half] += P^T dO[:, half] while the gradient warpgroup finishes dP^T. This reads the dO
-    // tile, so this warpgroup waits for it too (only the gradient warpgroup did: dV then read dO
-    // before it landed in some runs, wrong dV at causal 4k-8k on the H200).
-    ptx::thread_mbarrier_wait(&ring.do_full[stage], at.phase);
-    ptx::thread_pin(pf);
-    ptx::thread_pin(dv);
-    ptx::warpgroup_fence();
+      for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+      // dV[:, cols] += P^T dO[:, cols] while dS^T is computed.
+      ptx::thread_pin(pf);
+      ptx::thread_pin(dv);
+      ptx::warpgroup_fence();
 #pragma unroll
-    for (int k = 0; k < BM / 16; ++k)
-      ptx::Wgmma<E, H>::template rs<1>(dv, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * k]),
-                                       do_mn + uint64_t((k * 2048) >> 4), 1);
-    ptx::warpgroup_commit();
-    // dP^T has landed, and the gradient warpgroup is done with the previous step's P^T and
-    // dS^T, so both buffers may be rewritten.
-    ptx::thread_named_sync(T::kDpBarrier, 256);
+      for (int k = 0; k < BM / 16; ++k)
+        ptx::Wgmma<E, H>::template rs<1>(dv, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * k]),
+                                         do_mn + uint64_t((k * 2048) >> 4), 1);
+      ptx::warpgroup_commit();
 #pragma unroll
-    for (int c = 0; c < BM / 8; ++c) {
-      const float4 d4 = *reinterpret_cast<const float4*>(sdP + (c * 128 + tid) * 4);
-      const float dpc[4] = {d4.x, d4.y, d4.z, d4.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * c + e;
-        float ds = st[i] * (dpc[e] - delta[8 * c + 2 * t + (e & 1)]);
+      for (int i = 0; i < BM / 2; ++i) {
+        float ds = st[i] * (dp[i] - delta[8 * (i >> 2) + 2 * t + (i & 1)]);
         if constexpr (kSoftcap) ds *= dtanh[i];
-        // Rows past the sequence have no lse2 / delta: select, never multiply.
-        st[i] = masked && !((vis >> i) & 1) ? 0.f : ds;
+        dp[i] = ds;
+      }
+      // Rows past the sequence have no lse2 / delta: select, never multiply.
+      zero_hidden(dp);
+#pragma unroll
+      for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
+      ptx::thread_pin(dsf);
+      ptx::thread_pin(dk);
+      ptx::warpgroup_fence();
+#pragma unroll
+      for (int k = 0; k < BM / 16; ++k)
+        ptx::Wgmma<E, H>::template rs<1>(dk, *reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * k]),
+                                         q_mn + uint64_t((k * 2048) >> 4), 1);
+      ptx::warpgroup_commit();
+      // dV has completed: dO and delta are free.
+      ptx::warpgroup_wait<1>();
+      thread_release_stage_at(do_empty, dv, pf);
+      // dS^T as it is, [key][query]: dsf[j] are the 8 x 8 blocks (keys 8 (j & 1), queries
+      // 8 (j >> 1)) of the warp's 16 keys, stored four at a time; lane L addresses key row L & 7
+      // of block 4 q + (L >> 3), in the warpgroup's 64 rows of the buffer.
+      const int jb = lane >> 3;
+#pragma unroll
+      for (int q = 0; q < BM / 16; ++q)
+        ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
+                              sdSs + swizzled_offset<BN>(64 * cwg + 16 * warp + 8 * (jb & 1) + (lane & 7),
+                                                         16 * q + 8 * (jb >> 1)));
+      ptx::thread_fence_proxy_async_smem();
+      ptx::thread_named_sync(T::kDsBarrier + (s & 1), 256);
+      ptx::warpgroup_wait<0>();
+      thread_release_stage_at(ring.qdo_empty, dk, dsf);
+      {
+        // Both warpgroups every step, 64 columns each: dq[i] is accumulator 32 cwg + i of the
+        // 128-column fragment order.
+        float dq[H / 4];
+        warpgroup_issue_dq<T, H / 2>(dq, ptx::make_smem_desc_sw128(sdSs, BN * 128, 1024), kmn_desc + uint64_t((cwg * BN * 128) >> 4));
+        ptx::warpgroup_wait<0>();
+        ptx::thread_pin(dq);
+        // float4 c of this thread at ((c * 2 + half) * 128 + tid) * 4 of the tile.
+        float* dst = ws.dq_accum + int64_t(tile) * BM * D + ((8 * cwg * 2 + half) * 128 + tid) * 4;
+        if constexpr (kOrdered) ptx::thread_mbarrier_wait(bars.granted(), phase);
+#pragma unroll
+        for (int c = 0; c < H / 16; ++c)
+          ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
+        if constexpr (kOrdered) ptx::thread_mbarrier_arrive(bars.added());
       }
     }
-#pragma unroll
-    for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
-    // P^T and dS^T as they are, [key][query]: pf[j], dsf[j] are the 8 x 8 blocks (keys 8 (j & 1),
-    // queries 8 (j >> 1)) of the warp's 16 keys in accumulator layout, stored four blocks at a
-    // time; lane L addresses key row L & 7 of block 4 q + (L >> 3).
-    const int jb = lane >> 3;
-#pragma unroll
-    for (int q = 0; q < BM / 16; ++q) {
-      const uint32_t row_at = swizzled_offset<BN>(key_a - g + 8 * (jb & 1) + (lane & 7), 16 * q + 8 * (jb >> 1));
-      ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * q]), sP + row_at);
-      ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]), sdS + row_at);
-    }
-    ptx::thread_pin(dsf);
-    ptx::thread_pin(dk);
-    ptx::warpgroup_fence();
-#pragma unroll
-    for (int k = 0; k < BM / 16; ++k)
-      ptx::Wgmma<E, H>::template rs<1>(dk, *reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * k]),
-                                       q_mn + uint64_t((k * 2048) >> 4), 1);
-    ptx::warpgroup_commit();
-    ptx::thread_fence_proxy_async_smem();
-    ptx::thread_named_arrive(T::kPBarrier, 256);
-    ptx::thread_named_sync(T::kDsBarrier, 128);
-    // dQ after dV and dK completed: P^T and dS^T then leave the registers, and the 64 dQ
-    // accumulators fit beside dK and dV. Taking dK's dS^T from the shared-memory tile instead (as
-    // the gradient warpgroup does, and as the 80-row d <= 128 kernel does for up to 2.5%), with dQ
-    // queued behind dK, ran 0.984-1.001x here (bench/results/h200_session28_2026-12-04.txt, call 9).
-    ptx::warpgroup_wait<0>();
-    thread_release_stage(ring, stage, dv, dk, pf, dsf);
-    float dq[H / 2];
-    warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
-    ptx::warpgroup_wait<0>();
-    add_dq(dq, at.tile);
-  };
-
-  auto gradient_step = [&](const Step& at, float(&dk)[H / 2], float(&dv)[H / 2]) {
-    const int stage = at.stage;
-    const uint64_t q_mn = at.q_mn, do_mn = at.do_mn;
-    // P^T and dS^T as K-major A operands (keys x queries).
-    const uint64_t p_desc = ptx::make_smem_desc_sw128(sP, 16, 1024);
-    const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdS, 16, 1024);
-    float dp[BM / 2];
-    ptx::thread_mbarrier_wait(&ring.do_full[stage], at.phase);
-    ptx::thread_pin(dp);
-    ptx::warpgroup_fence();
-    warpgroup_product_over_d<T>(dp, kv_desc, ptx::make_smem_desc_sw128(at.dout, 16, 1024));
-    ptx::warpgroup_wait<0>();
-    ptx::thread_pin(dp);
-    // The score warpgroup read the previous step's dP^T before the last P barrier.
-#pragma unroll
-    for (int c = 0; c < BM / 8; ++c)
-      *reinterpret_cast<float4*>(sdP + (c * 128 + tid) * 4) = make_float4(dp[4 * c], dp[4 * c + 1], dp[4 * c + 2], dp[4 * c + 3]);
-    ptx::thread_named_arrive(T::kDpBarrier, 256);
-    ptx::thread_named_sync(T::kPBarrier, 256);
-    ptx::thread_pin(dv);
-    ptx::thread_pin(dk);
-    ptx::warpgroup_fence();
-#pragma unroll
-    for (int k = 0; k < BM / 16; ++k)
-      ptx::Wgmma<E, H>::template ss<1>(dv, p_desc + uint64_t((k * 32) >> 4), do_mn + uint64_t((k * 2048) >> 4), 1);
-#pragma unroll
-    for (int k = 0; k < BM / 16; ++k)
-      ptx::Wgmma<E, H>::template ss<1>(dk, ds_desc + uint64_t((k * 32) >> 4), q_mn + uint64_t((k * 2048) >> 4), 1);
-    ptx::warpgroup_commit();
-    float dq[H / 2];
-    warpgroup_issue_dq<T, H>(dq, dst_desc, kmn_desc);
-    ptx::warpgroup_wait<1>();
-    thread_release_stage(ring, stage, dv, dk);
-    ptx::warpgroup_wait<0>();
-    add_dq(dq, at.tile);
-  };
-
-  // The CTA's key tiles and their query steps. (One loop with the role's branch inside: one loop
-  // per role kept more values live and spilled several times as much. The default instantiation
-  // starts at blockIdx.x spelled out: through grid_key_tile, which returns the same, ptxas
-  // allocated its registers otherwise and spilled 112 / 388 bytes against 68 / 100.)
-  int kt = 0, it = 0;
-  for (int64_t n = kOrdered ? grid_key_tile<kOrdered>(sched) : blockIdx.x; n < cta.n_blocks; n += gridDim.x) {
-    const auto ks = key_steps<BM, BN, kOrdered>(mask, n, cta.group, sched.turns);
-    const int64_t key0 = n * BN;
-    float dk[H / 2], dv[H / 2];
-#pragma unroll
-    for (int i = 0; i < H / 2; ++i) dk[i] = dv[i] = 0.f;
-
-    if (ks.steps > 0) {
-      ptx::thread_mbarrier_wait(ring.kv_full, uint32_t(kt) & 1u);
-      for (int s = 0; s < ks.steps; ++s, ++it) {
-        Step at;
-        at.stage = it % S;
-        at.phase = uint32_t(it / S) & 1u;
-        const int h = cta.hk * cta.group + ks.head(s);
-        at.m = int(ks.m_of(s));
-        at.n = int(n);
-        at.key0 = int(key0);
-        at.tile = int(int64_t(h) * ws.tiles_per_head + cta.tile0 + at.m);
-        at.q = ring.q + at.stage * T::kQBytes;
-        at.dout = ring.dout + at.stage * T::kQBytes;
-        at.q_mn = ptx::make_smem_desc_sw128(at.q + half_off, BM * 128, 1024);
-        at.do_mn = ptx::make_smem_desc_sw128(at.dout + half_off, BM * 128, 1024);
-        if (cwg == 0)
-          score_step(at, dk, dv);
-        else
-          gradient_step(at, dk, dv);
-      }
-      if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
-      ++kt;
-    }
-    thread_store_dk_dv<E>(p, cta, key0, BN, key_a, cwg * H, t, dk, dv);
+    if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
   }
+  thread_store_dk_dv<E>(p, cta, key0, 64, key_a, half * H, t, dk, dv);
 #endif
 }
 
