@@ -300,21 +300,25 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
                                                          16 * q + 8 * (jb >> 1)));
       ptx::thread_fence_proxy_async_smem();
       ptx::thread_named_sync(T::kDsBarrier + (s & 1), 256);
+      // dK has completed: Q and lse2 are free.
       ptx::warpgroup_wait<0>();
       thread_release_stage_at(ring.qdo_empty, dk, dsf);
       {
-        // Both warpgroups every step, 64 columns each: dq[i] is accumulator 32 cwg + i of the
-        // 128-column fragment order.
+        // dQ for this warpgroup's 64 of the CTA's columns (its column block cwg of K), over both
+        // warpgroups' keys: dq[i] is accumulator 32 cwg + i of the CTA's 128-column fragment order.
         float dq[H / 4];
-        warpgroup_issue_dq<T, H / 2>(dq, ptx::make_smem_desc_sw128(sdSs, BN * 128, 1024), kmn_desc + uint64_t((cwg * BN * 128) >> 4));
+        warpgroup_issue_dq<T, H / 2>(dq, ptx::make_smem_desc_sw128(sdSs, BN * 128, 1024),
+                                     kmn_desc + uint64_t((cwg * BN * 128) >> 4));
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
-        // float4 c of this thread at ((c * 2 + half) * 128 + tid) * 4 of the tile.
+        // The CTA's float4 c = 8 cwg + j of this thread sits at ((c * 2 + half) * 128 + tid) * 4
+        // of the workspace tile (the column-split order backward_convert_dq_kernel reads).
         float* dst = ws.dq_accum + int64_t(tile) * BM * D + ((8 * cwg * 2 + half) * 128 + tid) * 4;
         if constexpr (kOrdered) ptx::thread_mbarrier_wait(bars.granted(), phase);
 #pragma unroll
-        for (int c = 0; c < H / 16; ++c)
-          ptx::thread_red_add_f32x4(dst + c * 2 * 128 * 4, make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
+        for (int j = 0; j < H / 16; ++j)
+          ptx::thread_red_add_f32x4(dst + j * 2 * 128 * 4,
+                                    make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
         if constexpr (kOrdered) ptx::thread_mbarrier_arrive(bars.added());
       }
     }
