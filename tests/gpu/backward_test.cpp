@@ -469,15 +469,19 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
 // that start before it: lower ones, or higher ones under a right bound, which then start first),
 // repeat bitwise, and agree with the default mode to rounding. The same for the `around` order
 // (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of 128 at d=64, 132
-// SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once. On both
-// paths (the portable one launches one CTA per key tile, descending in the `up` order).
+// SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once; and d=256
+// without a mask just past that order's reach there (5000 keys: 40 key tiles of 128, two CTAs each,
+// where 33 fit twice over), so the `down` order. On both paths (the portable one launches one CTA
+// per key tile, descending in the `up` order).
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
   struct Shape {
     int64_t d;
     bool causal;
     int64_t seqlen, heads;
   };
-  for (const Shape& sh : {Shape{128, false, 24000, 1}, {128, true, 24000, 1}, {256, true, 24000, 1}, {64, false, 8400, 8}})
+  const Shape shapes[] = {{128, false, 24000, 1}, {128, true, 24000, 1}, {256, true, 24000, 1},
+                          {64, false, 8400, 8},    {256, false, 5000, 2}};
+  for (const Shape& sh : shapes)
     on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
       Case c;
       c.heads_q = c.heads_kv = sh.heads;
