@@ -146,9 +146,10 @@ __device__ __forceinline__ uint64_t visible_set(const core::MaskSpec& mask, int6
 }
 
 // The same set from MaskSpec's lo and hi per element (64-bit), as the d = 256 kernel
-// (bwd_wide_kernel.cuh) computes it: with visible_set, that kernel spilled more (112 bytes against
-// 60) and ran 7-10% slower on the H200, non-causal too (bench/ab_compare.py, 2026-12-01). The two
-// functions agree on every input a host check tried (3M random masks, tiles and threads).
+// (bwd_wide_kernel.cuh) computes it: in its previous version (64 keys per CTA), visible_set made it
+// spill more (112 bytes against 60) and run 7-10% slower on the H200, non-causal too
+// (bench/ab_compare.py, 2026-12-01); the current one was not tried with it. The two functions agree
+// on every input a host check tried (3M random masks, tiles and threads).
 template <int BM>
 __device__ __forceinline__ uint64_t visible_set_wide(const core::MaskSpec& mask, int64_t m0, int64_t key, int t) {
   uint64_t vis = 0;
