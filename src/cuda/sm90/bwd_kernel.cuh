@@ -166,6 +166,34 @@ __device__ __forceinline__ uint64_t visible_set_wide(const core::MaskSpec& mask,
   return vis;
 }
 
+// In a masked step, the elements of the accumulator arrays `xs` (N each) that `vis` hides become 0:
+// a pass of its own behind the step's branch (uniform across the CTA), so unmasked steps run no
+// per-element select (1.015-1.038x in the d = 256 kernel against a select per element in every
+// step, bench/results/h200_session31_2026-12-04.txt, call 7). Rows past the sequence have no lse2
+// or delta, so hidden elements are selected to 0, never multiplied.
+template <int N, class... Xs>
+__device__ __forceinline__ void thread_zero_hidden(bool masked, uint64_t vis, Xs&... xs) {
+  if (masked) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (!((vis >> i) & 1)) ((xs[i] = 0.f), ...);
+  }
+}
+
+// This warp's 16 keys of dS^T (dsf: 16-bit pairs in accumulator layout, BM query columns) stored as
+// they are, [key][query], in a tile of kRows key rows (one swizzled column block of 64 queries):
+// dsf[j] is the 8 x 8 block (keys 8 (j & 1), queries 8 (j >> 1)), four stored per stmatrix; lane L
+// addresses key row L & 7 of block 4 q + (L >> 3). key_row0: the warp's first key row in the tile.
+template <int kRows, int BM>
+__device__ __forceinline__ void warp_store_ds_t(const uint32_t (&dsf)[BM / 4], unsigned char* tile, int key_row0,
+                                                int lane) {
+  const int jb = lane >> 3;
+#pragma unroll
+  for (int q = 0; q < BM / 16; ++q)
+    ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
+                          tile + swizzled_offset<kRows>(key_row0 + 8 * (jb & 1) + (lane & 7), 16 * q + 8 * (jb >> 1)));
+}
+
 // acc = A B^T over the head dim on wgmma, one commit group: A a consumer warpgroup's 64 rows of
 // the K or V tile (T::kBlockN rows), B a Q or dO stage (T::kBlockM rows), both K-major: k16 steps
 // walk 32 bytes inside a 128-byte row, then the next column block.
@@ -440,17 +468,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         // 8 (i >> 2) + 2t + (i & 1); columns 2t and 2t + 1 of a group of 8 come in one 8-byte load.
         const float2* lse2 = reinterpret_cast<const float2*>(ring.lse + stage * BM) + t;
         const float2* delta = reinterpret_cast<const float2*>(ring.delta + stage * BM) + t;
-        // Rows past the sequence have no lse2 / delta, so masked elements are selected to 0, never
-        // multiplied.
         const uint64_t vis = masked ? visible_set<BM>(mask, m0, key0 + key_a, t) : ~uint64_t(0);
-        // In a masked step, the elements of `xs` (accumulator arrays) that `vis` hides become 0.
-        auto zero_hidden = [&](auto&... xs) {
-          if (masked) {
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i)
-              if (!((vis >> i) & 1)) ((xs[i] = 0.f), ...);
-          }
-        };
+        auto zero_hidden = [&](auto&... xs) { thread_zero_hidden<BM / 2>(masked, vis, xs...); };
         const uint64_t do_mn = ptx::make_smem_desc_sw128(sdOs, BM * 128, 1024);
         const uint64_t q_mn = ptx::make_smem_desc_sw128(sQs, BM * 128, 1024);
         // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B. The caller pins,
@@ -548,14 +567,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
                                         sdSs + swizzled_offset<BM>(16 * q + 8 * (jb >> 1) + (lane & 7),
                                                                    key_a - g + 8 * (jb & 1)));
         } else {
-          // As dS^T, [key][query]: the same blocks stored as they are; lane L addresses key row L & 7
-          // of block 4 q + (L >> 3).
-          const int jb = lane >> 3;
-#pragma unroll
-          for (int q = 0; q < BM / 16; ++q)
-            ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
-                                  sdSs + swizzled_offset<BN>(key_a - g + 8 * (jb & 1) + (lane & 7),
-                                                             16 * q + 8 * (jb >> 1)));
+          warp_store_ds_t<BN, BM>(dsf, sdSs, key_a - g, lane);
         }
         ptx::thread_fence_proxy_async_smem();
 

@@ -231,15 +231,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       const uint64_t vis = masked ? visible_set_wide<BM>(cta.mask, m0, key0 + key_a, t) : ~uint64_t(0);
       const float* lse2 = ring.lse;
       const float* delta = ring.delta;
-      // In a masked step, the elements of `x` that `vis` hides become 0: a pass of its own behind a
-      // branch uniform across the CTA, so unmasked steps (most) run no per-element select.
-      auto zero_hidden = [&](float(&x)[BM / 2]) {
-        if (masked) {
-#pragma unroll
-          for (int i = 0; i < BM / 2; ++i)
-            if (!((vis >> i) & 1)) x[i] = 0.f;
-        }
-      };
       ptx::warpgroup_wait<0>();
       ptx::thread_pin(st);
       ptx::thread_pin(dp);
@@ -255,7 +246,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
           st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -l));
         }
       }
-      zero_hidden(st);
+      thread_zero_hidden<BM / 2>(masked, vis, st);
       uint32_t pf[BM / 4], dsf[BM / 4];
 #pragma unroll
       for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
@@ -274,8 +265,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
         if constexpr (kSoftcap) ds *= dtanh[i];
         dp[i] = ds;
       }
-      // Rows past the sequence have no lse2 / delta: select, never multiply.
-      zero_hidden(dp);
+      thread_zero_hidden<BM / 2>(masked, vis, dp);
 #pragma unroll
       for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
       ptx::thread_pin(dsf);
@@ -289,15 +279,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       // dV has completed: dO and delta are free.
       ptx::warpgroup_wait<1>();
       thread_release_stage_at(do_empty, dv, pf);
-      // dS^T as it is, [key][query]: dsf[j] are the 8 x 8 blocks (keys 8 (j & 1), queries
-      // 8 (j >> 1)) of the warp's 16 keys, stored four at a time; lane L addresses key row L & 7
-      // of block 4 q + (L >> 3), in the warpgroup's 64 rows of the buffer.
-      const int jb = lane >> 3;
-#pragma unroll
-      for (int q = 0; q < BM / 16; ++q)
-        ptx::warp_stmatrix_x4(*reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * q]),
-                              sdSs + swizzled_offset<BN>(64 * cwg + 16 * warp + 8 * (jb & 1) + (lane & 7),
-                                                         16 * q + 8 * (jb >> 1)));
+      // dS^T to this warpgroup's 64 rows of the step's buffer.
+      warp_store_ds_t<BN, BM>(dsf, sdSs, 64 * cwg + 16 * warp, lane);
       ptx::thread_fence_proxy_async_smem();
       ptx::thread_named_sync(T::kDsBarrier + (s & 1), 256);
       // dK has completed: Q and lse2 are free.
