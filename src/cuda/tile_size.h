@@ -334,10 +334,11 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //   d=128, deterministic mode: block_m 80 (FlashAttention-3's non-causal shape): 64 + 80 + 40 +
 //          40 = 224 KB with one dQ buffer; registers 128 + 40 + 40 (d=96 runs in the d=128 tiles
 //          of either mode, src/cuda/sm90/bwd_launch.cuh). wgmma's M is a multiple of 64, so dQ is
-//          computed transposed (dQ^T = K^T dS^T, dS stored [query][key]); dK reads dS^T from that tile too, so no dS
-//          fragments stay in registers and dV, dK and dQ^T fit in flight together (with dK from
-//          registers ptxas serialized every wgmma unless dV and dK completed first; B/A 1.002-1.025
-//          at 2k-16k, bench/results/h200_session28_2026-12-04.txt, call 4). Against the former block_m
+//          computed transposed (dQ^T = K^T dS^T, dS stored [query][key]); dK reads dS^T from that
+//          tile too, so no dS fragments stay in registers and dV, dK and dQ^T fit in flight
+//          together (with dK from registers ptxas serialized every wgmma unless dV and dK completed
+//          first; B/A 1.002-1.025 at 2k-16k, bench/results/h200_session28_2026-12-04.txt, call 4).
+//          Against the former block_m
 //          64 with two dQ buffers (H200, bf16, 16k tokens, hidden 2048, bench/ab_compare.py, B/A at
 //          2k / 4k / 8k / 16k, bench/results/h200_hopper_bwd_m80_2026-12-02.txt): non-causal 0.996 /
 //          1.005 / 1.007 / 1.021, again 1.013 / 1.013 / 1.010 / 1.024 (deterministic 1.039 at 2k,

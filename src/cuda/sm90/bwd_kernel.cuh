@@ -261,13 +261,15 @@ __device__ __forceinline__ void warpgroup_issue_dk_t(float (&dk)[T::kHeadDim / 2
 // once the products on it are done: an mbarrier arrive releases the arriving thread's own accesses
 // only, and the proxy fence orders those generic reads before the copy engine's next writes.
 // `regs`: the registers those products used (accumulators, A fragments), pinned here, after the
-// caller's warpgroup_wait, so that the compiler leaves them alone while the wgmmas ran.
+// caller's warpgroup_wait, so that the compiler leaves them alone while the wgmmas ran. `empty`:
+// the barrier that frees what was read (the d = 256 kernel frees dO and Q apart).
 template <class... Regs>
 __device__ __forceinline__ void thread_release_stage_at(uint64_t* empty, Regs&... regs) {
   (ptx::thread_pin(regs), ...);
   ptx::thread_fence_proxy_async_smem();
   ptx::thread_mbarrier_arrive(empty);
 }
+// The same for a ring stage's Q and dO together.
 template <class... Regs>
 __device__ __forceinline__ void thread_release_stage(const BwdRing& r, int stage, Regs&... regs) {
   thread_release_stage_at(&r.qdo_empty[stage], regs...);
