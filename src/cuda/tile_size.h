@@ -322,8 +322,11 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          bench/ab_compare.py, B/A at 2k / 4k / 8k / 16k, bench/results/
 //          h200_session30_2026-12-04.txt, call 11, 3 rounds): non-causal 1.055 / 1.059 / 1.063 /
 //          1.075, causal 1.030 / 1.045 / 1.044 / 1.040 (call 10, 5 rounds: 1.026-1.092), and dV
-//          issued after dS there 1.003-1.032x more (call 13). The deterministic mode keeps the split
-//          (untried with alternation there);
+//          issued after dS there 1.003-1.032x more (call 13). The deterministic mode alternates too: against
+//          the split there (B/A, deterministic, 2k / 4k / 8k / 16k, bench/results/
+//          h200_session32_2026-12-04.txt, call 1, 3 rounds) non-causal 1.062 / 1.055 / 1.066 /
+//          1.082, causal 1.054 / 1.051 / 1.049 / 1.058, though its ordered kernel spills more
+//          (240 / 276 bytes against 208 / 248);
 //   d=128, default mode: block_m 64 with dQ computed by one warpgroup per step, the two in turns
 //          (BwdTraits::kDqAlternate, the design of cuDNN's kernel): 64 + 64 + 32 + 2 x 32 = 224 KB,
 //          a dQ buffer per warpgroup; registers 128 + 32 + 32 (dK, dV, S^T, dP^T), then 64 for dQ
@@ -393,7 +396,7 @@ struct HopperBwdTile {
 // partial wave leaves idle let the others run faster.
 // The deterministic mode may take other tiles than the default (d=128 above).
 constexpr HopperBwdTile hopper_bwd_tile(int head_dim, bool deterministic) {
-  if (head_dim <= 64) return deterministic ? HopperBwdTile{128, 2, 1} : HopperBwdTile{128, 2, 1, true};
+  if (head_dim <= 64) return {128, 2, 1, true};
   if (head_dim <= 128) return deterministic ? HopperBwdTile{80, 2, 1} : HopperBwdTile{64, 2, 2, true};
   return {64, 1, 0};  // d=256: src/cuda/sm90/bwd_wide_kernel.cuh, dQ by reductions (no buffers)
 }
