@@ -17,17 +17,14 @@
 //       P^T = exp2(S^T c - lse2), dS^T = P^T o (dP^T - delta) (softcap derivative; the softmax
 //                                           scale is applied once to dK and dQ at the end)
 //       dV += P^T dO, dK += dS^T Q        (wgmma with P^T, dS^T from registers: the accumulator
-//                                           layout is the A-fragment layout; dO, Q MN-major; in
-//                                           d = 64's deterministic mode dV is issued before dS is
-//                                           computed, dS then from P's 16-bit fragments:
-//                                           BwdTraits::kEarlyDv; with 80-row tiles dS^T from the
-//                                           dS tile in shared memory)
+//                                           layout is the A-fragment layout; dO, Q MN-major; with
+//                                           80-row tiles dS^T from the dS tile in shared memory)
 //       dQ = dS K                          (wgmma with dS^T from shared memory read transposed, K
-//                                           MN-major; the two warpgroups split dQ's rows when
-//                                           kBlockM = 128, else take turns by step, one computing
-//                                           all of it (kDqAlternate); with 80-row tiles (the
-//                                           deterministic mode at d = 128), not a multiple of
-//                                           wgmma's M, dQ^T = K^T dS^T with dS stored [query][key])
+//                                           MN-major; the two warpgroups take turns by step, one
+//                                           computing all of it (kDqAlternate); with 80-row tiles
+//                                           (the deterministic mode at d = 128), not a multiple of
+//                                           wgmma's M, dQ^T = K^T dS^T with dS stored [query][key],
+//                                           each warpgroup its 64 columns)
 //     dQ leaves in "fragment order": float4 c of every thread's accumulators, then float4 c + 1,
 //     so a warp's shared-memory writes are 512 contiguous bytes (conflict-free) and the bulk
 //     reduce-add is one contiguous block; the convert kernel (bwd_convert.cuh) knows the order
@@ -72,7 +69,8 @@ struct BwdTraits {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
-  // dQ (kBlockM x d) between the two warpgroups: by rows when there are 128, else by columns.
+  // A 128-row tile's dQ is two M = 64 row blocks (kDqParts), laid out in the writer's buffer by
+  // row block (bwd_convert.cuh), as if each warpgroup had computed one; otherwise by columns.
   static constexpr bool kDqSplitRows = kBlockM == 128;
   // A query tile that is not a multiple of wgmma's M = 64 (80 rows) takes dQ^T = K^T dS^T instead:
   // M = the warpgroup's 64 head-dim columns, N = the tile's query rows; dS is then stored
@@ -85,21 +83,9 @@ struct BwdTraits {
   // apart and one's elementwise work runs under the other's GEMMs, where in lock-step both waited
   // for their halves of dQ. The tile table says where it runs and what it measured.
   static constexpr bool kDqAlternate = kDqAlternate_;
-  // dV = P^T dO issued before dS is computed, so the dS arithmetic runs under it (without softcap,
-  // whose derivative needs tanh values there is no room for). Measured on the H200 against dV and
-  // dK issued together after dS (bench/ab_compare.py, bf16, 16k tokens, hidden 2048, B/A at 2k /
-  // 4k / 8k / 16k, bench/results/h200_hopper_bwd_early_dv_2026-12-02.txt): d=64 non-causal 1.015 /
-  // 1.010 / 1.010 / 1.008, causal 1.019 / 1.010 / 1.015 / 1.018; d=128 (80-row tiles, where dV and
-  // dK complete before dQ^T anyway) non-causal 0.99-1.006, causal 0.969-0.985, so not there.
-  // Nor with alternating dQ: at d=128 dS from P's 16-bit fragments ran 0.97-0.99 of dS from fp32 P
-  // (bench/results/h200_session30_2026-12-04.txt, calls 5-6), and its dq differed from the
-  // portable path's by 2 bf16 units at 1.5 (GpuBackward.PersistentGridWalksMoreTilesThanSms); at
-  // d=64 dV after dS ran 1.003-1.032x (call 13), without spilling more.
-  static constexpr bool kEarlyDv = !kDqTransposed && !kDqAlternate;
-  static constexpr int kDqN = kDqTransposed ? kBlockM : kDqSplitRows || kDqAlternate ? kHeadDim : kHeadDim / 2;
-  // M = 64 row blocks of dQ a warpgroup computes per step: both of a 128-row tile when it computes
-  // them all (kDqAlternate with kDqSplitRows).
-  static constexpr int kDqParts = kDqAlternate && kDqSplitRows ? 2 : 1;
+  static constexpr int kDqN = kDqTransposed ? kBlockM : kHeadDim;
+  // M = 64 row blocks of dQ the warpgroup whose turn it is computes per step.
+  static constexpr int kDqParts = kDqSplitRows ? 2 : 1;
   // Threads at a dQ buffer's barriers: the warpgroups that store dQ each step, and the writer warp.
   static constexpr int kDqSyncThreads = (kDqAlternate ? 128 : 256) + 32;
   static constexpr int kProducerRegs = 24;
@@ -122,7 +108,7 @@ struct BwdTraits {
   static_assert(kBlockM == 64 || kBlockM == 80 || kBlockM == 128,
                 "query tile (a boundary step's mask is one 64-bit set)");
   static_assert(!kDqTransposed || kHeadDim == 128, "dQ^T: one 64-column block per consumer warpgroup");
-  static_assert(!kDqAlternate || !kDqTransposed, "alternating dQ: M = 64 row blocks");
+  static_assert(kDqAlternate != kDqTransposed, "dQ: in turns on M = 64 row blocks, or transposed");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -303,8 +289,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using E = typename T::Element;
   constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN, S = T::kStages, NB = T::kDqBuffers;
-  // dV before dS (BwdTraits::kEarlyDv), except under softcap.
-  constexpr bool kEarlyDv = T::kEarlyDv && !kSoftcap;
   const core::BackwardParams& p = P.p;
   const BwdWorkspace& ws = P.ws;
 
@@ -393,12 +377,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
   // constant byte offsets / 16 as in the forward kernel.
   const uint64_t k_desc = ptx::make_smem_desc_sw128(ring.k + cwg * 64 * 128, 16, 1024);
   const uint64_t v_desc = ptx::make_smem_desc_sw128(ring.v + cwg * 64 * 128, 16, 1024);
-  // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row; of a 128-row tile this
-  // warpgroup's row block, at dq_a_off, or, for a warpgroup computing both (kDqAlternate), the
-  // blocks at 0 and BN * 128), B = K MN-major.
-  const int dq_a_off = T::kDqSplitRows ? cwg * BN * 128 : 0;
-  const bool dq_all_cols = T::kDqSplitRows || T::kDqAlternate;
-  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (dq_all_cols ? 0 : cwg * BN * 128), BN * 128, 1024);
+  // dQ = dS K: A = dS^T read transposed (M = queries, 64 per 128-byte row; of a 128-row tile the
+  // row blocks at 0 and BN * 128), B = K MN-major, all its columns; dQ^T = K^T dS^T reads this
+  // warpgroup's 64 columns of K as A.
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + (T::kDqAlternate ? 0 : cwg * BN * 128), BN * 128, 1024);
 
   // Per step `it`: S^T and dP^T into st, dp, each as soon as its query-side tile has landed.
   auto issue_sdp = [&](float(&st)[BM / 2], float(&dp)[BM / 2], int it) {
@@ -486,10 +468,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
-          // P^T while dP^T is still on the tensor cores: so at d = 64, where dV waits for it. In
-          // the 80-row kernel ptxas places the dP^T wait before the exps (SASS, bench/
-          // sass_overlap.py), so only their scaling FMAs run under dP^T; what was tried to keep
-          // the exps there, and measured no gain, is in docs/performance.md (Backward, session 28).
+          // P^T while dP^T is still on the tensor cores. In the 80-row kernel ptxas places the dP^T
+          // wait before the exps (SASS, bench/sass_overlap.py), so only their scaling FMAs run
+          // under dP^T; what was tried to keep the exps there, and measured no gain, is in
+          // docs/performance.md (Backward, session 28).
 #pragma unroll
           for (int j = 0; j < BM / 8; ++j) {
             const float2 l = lse2[4 * j];
@@ -498,59 +480,29 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
               st[i] = ptx::thread_exp2(fmaf(st[i], c_log2, -((i & 1) ? l.y : l.x)));
           }
         }
-        if constexpr (kEarlyDv) {
-          // dV goes to the tensor cores before dS^T = P^T o (dP^T - delta) is computed, which then
-          // runs under it. dS takes P from its 16-bit fragments: P in fp32 beside them and dP^T left
-          // ptxas too few registers, and it serialized the wgmmas.
-          zero_hidden(st);
+        ptx::warpgroup_wait<0>();
+        ptx::thread_pin(dp);
 #pragma unroll
-          for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
-          ptx::thread_pin(pf);
-          ptx::thread_pin(dv);
-          ptx::warpgroup_fence();
-          issue_dkv(dv, pf, do_mn);
-          ptx::warpgroup_commit();
-          ptx::warpgroup_wait<1>();  // dP^T; dV stays in flight
-          ptx::thread_pin(dp);
+        for (int j = 0; j < BM / 8; ++j) {
+          const float2 dl = delta[4 * j];
 #pragma unroll
-          for (int j = 0; j < BM / 8; ++j) {
-            const float2 dl = delta[4 * j];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float2 pp = ptx::thread_unpack2<E>(pf[2 * j + h]);
-              dp[4 * j + 2 * h] = pp.x * (dp[4 * j + 2 * h] - dl.x);
-              dp[4 * j + 2 * h + 1] = pp.y * (dp[4 * j + 2 * h + 1] - dl.y);
+          for (int i = 4 * j; i < 4 * j + 4; ++i) {
+            const float di = (i & 1) ? dl.y : dl.x;
+            if constexpr (kSoftcap) {
+              const float2 l = lse2[4 * j];
+              const float u = ptx::thread_tanh(st[i] * tanh_scale);
+              st[i] = ptx::thread_exp2(fmaf(u, c_log2, -((i & 1) ? l.y : l.x)));
+              dp[i] = st[i] * (dp[i] - di) * (1.f - u * u);
+            } else {
+              dp[i] = st[i] * (dp[i] - di);
             }
           }
-          // Rows past the sequence read no delta: their dS is selected to 0, never multiplied.
-          zero_hidden(dp);
+        }
+        zero_hidden(st, dp);
 #pragma unroll
-          for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
-        } else {
-          ptx::warpgroup_wait<0>();
-          ptx::thread_pin(dp);
-#pragma unroll
-          for (int j = 0; j < BM / 8; ++j) {
-            const float2 dl = delta[4 * j];
-#pragma unroll
-            for (int i = 4 * j; i < 4 * j + 4; ++i) {
-              const float di = (i & 1) ? dl.y : dl.x;
-              if constexpr (kSoftcap) {
-                const float2 l = lse2[4 * j];
-                const float u = ptx::thread_tanh(st[i] * tanh_scale);
-                st[i] = ptx::thread_exp2(fmaf(u, c_log2, -((i & 1) ? l.y : l.x)));
-                dp[i] = st[i] * (dp[i] - di) * (1.f - u * u);
-              } else {
-                dp[i] = st[i] * (dp[i] - di);
-              }
-            }
-          }
-          zero_hidden(st, dp);
-#pragma unroll
-          for (int j = 0; j < BM / 4; ++j) {
-            pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
-            dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
-          }
+        for (int j = 0; j < BM / 4; ++j) {
+          pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
+          dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
         }
         // dS^T to shared memory for dQ (both warpgroups' keys are needed there). Buffers alternate
         // by step: a warpgroup reaches this step's barrier only after its previous dQ product
@@ -596,12 +548,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         } else {
           ptx::thread_pin(dsf);
           ptx::warpgroup_fence();
-          if constexpr (!kEarlyDv) issue_dkv(dv, pf, do_mn);
+          issue_dkv(dv, pf, do_mn);
           issue_dkv(dk, dsf, q_mn);
           ptx::warpgroup_commit();
           // Whose turn dQ is, through a shuffle so that ptxas sees a warp-uniform branch (with cwg
           // from threadIdx it took the branch as divergent and serialized every wgmma, C7520).
-          const bool dq_mine = !T::kDqAlternate || __shfl_sync(0xffffffffu, (it & 1) == cwg, 0);
+          const bool dq_mine = __shfl_sync(0xffffffffu, (it & 1) == cwg, 0);
           // Both warpgroups wait at the dS barrier, the one whose turn it is not as well: it arrives
           // there last anyway (it computed the previous step's dQ), and then a dQ buffer that the
           // two write in turns (one buffer at d = 64) is ordered by a barrier both pass, not only
@@ -613,26 +565,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
             thread_release_stage(ring, stage, dv, dk, pf, dsf);
             continue;
           }
-          const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdSs + dq_a_off, BN * 128, 1024);
-          if constexpr (T::kDqAlternate) {
-            // dV and dK complete first: their A fragments in flight beside dQ's 64 accumulators
-            // are more registers than a consumer has (ptxas serialized every wgmma).
-            ptx::warpgroup_wait<0>();
-            thread_release_stage(ring, stage, dv, dk, pf, dsf);
-            ptx::thread_named_sync(T::kDsBarrier, 256);
+          const uint64_t ds_desc = ptx::make_smem_desc_sw128(sdSs, BN * 128, 1024);
+          // dV and dK complete first: their A fragments in flight beside dQ's 64 accumulators are
+          // more registers than a consumer has (ptxas serialized every wgmma).
+          ptx::warpgroup_wait<0>();
+          thread_release_stage(ring, stage, dv, dk, pf, dsf);
+          ptx::thread_named_sync(T::kDsBarrier, 256);
 #pragma unroll
-            for (int part = 0; part < T::kDqParts; ++part)
-              warpgroup_issue_dq<T, T::kDqN>(*reinterpret_cast<float(*)[T::kDqN / 2]>(dq + part * T::kDqN / 2),
-                                             T::kDqParts > 1 ? ptx::make_smem_desc_sw128(sdSs + part * BN * 128, BN * 128, 1024) : ds_desc,
-                                             kmn_desc);
-            ptx::warpgroup_wait<0>();
-          } else {
-            ptx::thread_named_sync(T::kDsBarrier, 256);
-            warpgroup_issue_dq<T, T::kDqN>(dq, ds_desc, kmn_desc);
-            ptx::warpgroup_wait<1>();  // dV and dK
-            thread_release_stage(ring, stage, dv, dk, pf, dsf);
-            ptx::warpgroup_wait<0>();
-          }
+          for (int part = 0; part < T::kDqParts; ++part)
+            warpgroup_issue_dq<T, T::kDqN>(*reinterpret_cast<float(*)[T::kDqN / 2]>(dq + part * T::kDqN / 2),
+                                           T::kDqParts > 1 ? ptx::make_smem_desc_sw128(sdSs + part * BN * 128, BN * 128, 1024)
+                                                           : ds_desc,
+                                           kmn_desc);
+          ptx::warpgroup_wait<0>();
         }
         ptx::thread_pin(dq);
         store_dq(dq, it);
