@@ -315,15 +315,15 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 // fp32 each). Shared memory: K, V 2 * 128 * d + Q, dO 2 * stages * block_m * d + dS^T 2 * 128 *
 // block_m (2 bytes each) + dq_buffers fp32 dQ tiles of block_m * d, <= 227 KB.
 //   d=64:  block_m 128 (FlashAttention-3's shape): 32 + 64 + 64 + 32 = 192 KB, one dQ buffer (a
-//          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T). The
-//          default mode computes dQ as d=128 does below, one warpgroup per step, both 64-row
+//          second one is 2 KB over the limit); registers 64 + 64 + 64 (dK, dV, S^T, dP^T). Both
+//          modes compute dQ as d=128's default does below, one warpgroup per step, both 64-row
 //          blocks (64 more registers once dV and dK are done), the two warpgroups writing the one
 //          dQ buffer in turns. Against the two warpgroups splitting dQ's rows every step (H200,
 //          bench/ab_compare.py, B/A at 2k / 4k / 8k / 16k, bench/results/
 //          h200_session30_2026-12-04.txt, call 11, 3 rounds): non-causal 1.055 / 1.059 / 1.063 /
 //          1.075, causal 1.030 / 1.045 / 1.044 / 1.040 (call 10, 5 rounds: 1.026-1.092), and dV
-//          issued after dS there 1.003-1.032x more (call 13). The deterministic mode alternates too: against
-//          the split there (B/A, deterministic, 2k / 4k / 8k / 16k, bench/results/
+//          issued after dS there 1.003-1.032x more (call 13). The deterministic mode alternates
+//          too: against the split there (B/A, deterministic, 2k / 4k / 8k / 16k, bench/results/
 //          h200_session32_2026-12-04.txt, call 1, 3 rounds) non-causal 1.062 / 1.055 / 1.066 /
 //          1.082, causal 1.054 / 1.051 / 1.049 / 1.058, though its ordered kernel spills more
 //          (240 / 276 bytes against 208 / 248);
@@ -341,10 +341,9 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
 //          tile too, so no dS fragments stay in registers and dV, dK and dQ^T fit in flight
 //          together (with dK from registers ptxas serialized every wgmma unless dV and dK completed
 //          first; B/A 1.002-1.025 at 2k-16k, bench/results/h200_session28_2026-12-04.txt, call 4).
-//          Against the former block_m
-//          64 with two dQ buffers (H200, bf16, 16k tokens, hidden 2048, bench/ab_compare.py, B/A at
-//          2k / 4k / 8k / 16k, bench/results/h200_hopper_bwd_m80_2026-12-02.txt): non-causal 0.996 /
-//          1.005 / 1.007 / 1.021, again 1.013 / 1.013 / 1.010 / 1.024 (deterministic 1.039 at 2k,
+//          Against the former block_m 64 with two dQ buffers (H200, bf16, 16k tokens, hidden 2048,
+//          bench/ab_compare.py, B/A at 2k / 4k / 8k / 16k, bench/results/
+//          h200_hopper_bwd_m80_2026-12-02.txt): non-causal 0.996 / 1.005 / 1.007 / 1.021, again 1.013 / 1.013 / 1.010 / 1.024 (deterministic 1.039 at 2k,
 //          1.051 at 8k); causal 0.986 / 1.013 / 1.021 / 1.033, again 0.979 / 0.994 / 1.028 / 1.033
 //          (deterministic 1.000, 1.024), where the same comparison of two identical block_m 64
 //          kernels read 0.987 / 1.000 / 0.987 / 0.982. So 80 rows with and without a mask.

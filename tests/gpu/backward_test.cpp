@@ -366,8 +366,9 @@ TEST_F(GpuBackward, LongerSequencesAndUnseenKeyTiles) {
 }
 
 // One query head per KV head and an odd number of query tiles (5 of 64 rows, 3 of 128), so that a
-// key tile's steps are odd in number: the default mode at d = 64 and 128 computes each step's dQ on
-// one warpgroup, the two in turns by step, so the turn a key tile starts with alternates. More work
+// key tile's steps are odd in number: the default mode at d = 64 and 128 (and the deterministic one
+// at d = 64) computes each step's dQ on one warpgroup, the two in turns by step, so the turn a key
+// tile starts with alternates. More work
 // tiles than an H200 has SMs, so persistent CTAs carry the turns from one key tile to the next.
 TEST_F(GpuBackward, DqTurnsCarryAcrossKeyTiles) {
   uint32_t seed = 380;
@@ -465,14 +466,14 @@ TEST_F(GpuBackward, DeterministicModeVarlen) {
 
 // One head's key tiles outnumber what the GPU holds at once (24000 keys: 188 key tiles of 128 at
 // d=128 and d=256, one CTA per SM, two per key tile at d=256): key tiles wait for turns of CTAs
-// that are not resident yet, and the ordered mode must still finish (a key tile only ever waits for key tiles
-// that start before it: lower ones, or higher ones under a right bound, which then start first),
-// repeat bitwise, and agree with the default mode to rounding. The same for the `around` order
-// (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of 128 at d=64, 132
-// SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at once; and d=256
-// without a mask just past that order's reach there (5000 keys: 40 key tiles of 128, two CTAs each,
-// where 33 fit twice over), so the `down` order. On both paths (the portable one launches one CTA
-// per key tile, descending in the `up` order).
+// that are not resident yet, and the ordered mode must still finish (a key tile only ever waits
+// for key tiles that start before it: lower ones, or higher ones under a right bound, which then
+// start first), repeat bitwise, and agree with the default mode to rounding. The same for the
+// `around` order (no mask) at the most key tiles per sequence it takes on an H200 (8400 keys: 66 of
+// 128 at d=64, 132 SMs), where a key tile waits for higher ones and eight heads' CTAs do not fit at
+// once; and d=256 without a mask just past that order's reach there (5000 keys: 40 key tiles of
+// 128, two CTAs each, where 33 fit twice over), so the `down` order. On both paths (the portable
+// one launches one CTA per key tile, descending in the `up` order).
 TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
   struct Shape {
     int64_t d;

@@ -197,6 +197,18 @@ __device__ __forceinline__ void warpgroup_product_over_d(float (&acc)[T::kBlockM
   ptx::warpgroup_commit();
 }
 
+// acc (N columns) += A B over the step's query rows, A from registers: dV += P^T dO and dK += dS^T
+// Q in both kernels (the accumulator layout of P^T, dS^T is wgmma's A-fragment layout), B the dO or
+// Q stage MN-major, 16 query rows (2048 bytes) per k16. The caller pins, fences and commits.
+template <class T, int N>
+__device__ __forceinline__ void warpgroup_issue_acc_rs(float (&acc)[N / 2], const uint32_t (&a)[T::kBlockM / 4],
+                                                       uint64_t b_desc) {
+#pragma unroll
+  for (int k = 0; k < T::kBlockM / 16; ++k)
+    ptx::Wgmma<typename T::Element, N>::template rs<1>(acc, *reinterpret_cast<const uint32_t(*)[4]>(&a[4 * k]),
+                                                       b_desc + uint64_t((k * 2048) >> 4), 1);
+}
+
 // dQ = dS K for `N` columns, one commit group: A = dS^T read transposed from shared memory (M =
 // queries, K = the tile's keys), B = K MN-major; both step 16 key rows (2048 bytes) per k16.
 template <class T, int N>
@@ -456,14 +468,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         auto zero_hidden = [&](auto&... xs) { thread_zero_hidden<BM / 2>(masked, vis, xs...); };
         const uint64_t do_mn = ptx::make_smem_desc_sw128(sdOs, BM * 128, 1024);
         const uint64_t q_mn = ptx::make_smem_desc_sw128(sQs, BM * 128, 1024);
-        // dV += P^T dO, dK += dS^T Q: dO and Q are [query][d], MN-major for B. The caller pins,
-        // fences and commits.
-        auto issue_dkv = [&](float(&acc)[D / 2], uint32_t(&a)[BM / 4], uint64_t b_desc) {
-#pragma unroll
-          for (int k = 0; k < BM / 16; ++k)
-            ptx::Wgmma<E, D>::template rs<1>(acc, *reinterpret_cast<const uint32_t(*)[4]>(&a[4 * k]),
-                                             b_desc + uint64_t((k * 2048) >> 4), 1);
-        };
         uint32_t pf[BM / 4], dsf[BM / 4];
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
@@ -538,7 +542,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
           // dK completed first; measurements in src/cuda/tile_size.h).
           ptx::thread_named_sync(T::kOwnDsBarrier + cwg, 128);
           ptx::warpgroup_fence();
-          issue_dkv(dv, pf, do_mn);
+          warpgroup_issue_acc_rs<T, D>(dv, pf, do_mn);
           warpgroup_issue_dk_t<T>(dk, sdSs, cwg, q_mn);
           ptx::warpgroup_commit();
           ptx::thread_named_sync(T::kDsBarrier, 256);
@@ -548,8 +552,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         } else {
           ptx::thread_pin(dsf);
           ptx::warpgroup_fence();
-          issue_dkv(dv, pf, do_mn);
-          issue_dkv(dk, dsf, q_mn);
+          warpgroup_issue_acc_rs<T, D>(dv, pf, do_mn);
+          warpgroup_issue_acc_rs<T, D>(dk, dsf, q_mn);
           ptx::warpgroup_commit();
           // Whose turn dQ is, through a shuffle so that ptxas sees a warp-uniform branch (with cwg
           // from threadIdx it took the branch as divergent and serialized every wgmma, C7520).

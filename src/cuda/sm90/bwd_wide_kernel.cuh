@@ -1,8 +1,9 @@
 // The Hopper backward for wide heads (d = 256), beside the d <= 128 kernel of bwd_kernel.cuh, whose
 // header describes what both share (the producer's ring of bwd_schedule.cuh, the softmax scale
 // folded into dK and dQ, the fragment-order dQ workspace, the deterministic mode's turns) and
-// whose warpgroup steps this one calls (warpgroup_product_over_d, warpgroup_issue_dq,
-// thread_release_stage_at, thread_store_dk_dv).
+// whose warpgroup steps this one calls (warpgroup_product_over_d, warpgroup_issue_acc_rs,
+// warpgroup_issue_dq, thread_zero_hidden, warp_store_ds_t, thread_release_stage_at,
+// thread_store_dk_dv).
 //
 // dK and dV of 64 keys over all 256 columns would take 256 fp32 registers per thread of a
 // warpgroup, more than a consumer has. So CTAs split the head dim, as cuDNN's kernel does (its SASS,
@@ -165,10 +166,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     }
     if constexpr (kOrdered) {
       // The CTA's dQ turns (one counter per query tile and column half), kept by one thread off
-      // the consumers' path: per step, await the turn,
-      // grant it to both warpgroups, wait until their 256 threads arrived after their reductions
-      // (their mbarrier arrivals release those to this thread, and its gpu-scope release passes
-      // them on), and pass it.
+      // the consumers' path: per step, await the turn, grant it to both warpgroups, wait until
+      // their 256 threads arrived after their reductions (their mbarrier arrivals release those to
+      // this thread, and its gpu-scope release passes them on), and pass it.
       if (threadIdx.x / 32 == 1 && ptx::warp_elect_one())
         for (int s = 0; s < ks.steps; ++s) {
           int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + half;
@@ -254,10 +254,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       ptx::thread_pin(pf);
       ptx::thread_pin(dv);
       ptx::warpgroup_fence();
-#pragma unroll
-      for (int k = 0; k < BM / 16; ++k)
-        ptx::Wgmma<E, H>::template rs<1>(dv, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * k]),
-                                         do_mn + uint64_t((k * 2048) >> 4), 1);
+      warpgroup_issue_acc_rs<T, H>(dv, pf, do_mn);
       ptx::warpgroup_commit();
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
@@ -271,10 +268,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       ptx::thread_pin(dsf);
       ptx::thread_pin(dk);
       ptx::warpgroup_fence();
-#pragma unroll
-      for (int k = 0; k < BM / 16; ++k)
-        ptx::Wgmma<E, H>::template rs<1>(dk, *reinterpret_cast<const uint32_t(*)[4]>(&dsf[4 * k]),
-                                         q_mn + uint64_t((k * 2048) >> 4), 1);
+      warpgroup_issue_acc_rs<T, H>(dk, dsf, q_mn);
       ptx::warpgroup_commit();
       // dV has completed: dO and delta are free.
       ptx::warpgroup_wait<1>();
