@@ -155,7 +155,8 @@ struct Problem {
   // O and lse by the portable forward with the tile table's sm90 shape (as run_forward_portable).
   void forward() {
     constexpr cu::PortableFwdTile ft = cu::portable_fwd_tile<90>(SWEEP_HDIM);
-    using F = cu::sm80::FwdTraits<SWEEP_HDIM, sweep::E, ft.block_n, ft.warps, ft.m_tiles, ft.stages, ft.q_in_regs>;
+    using F =
+        cu::sm80::FwdTraits<SWEEP_HDIM, sweep::E, ft.block_n, ft.warps, ft.m_tiles, ft.stages, ft.q_in_regs, 1, ft.d_split>;
     auto kernel = cu::sm80::forward_kernel<F, false>;
     SWEEP_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, F::kSmemBytes));
     int l2 = 0;

@@ -21,7 +21,10 @@ struct PortableFwdTile {
   int m_tiles;
   int stages;  // K/V tiles in flight (cp.async ring); 1: K and V in separate groups (FlashAttention-2)
   bool q_in_regs;
-  constexpr int block_m() const { return 16 * warps * m_tiles; }
+  // 2: warps in pairs on the same rows, splitting each tile's keys in S and the head dim in P V
+  // (sm80::FwdTraits::kDSplit), which leaves each warp the registers of a second m-tile.
+  int d_split = 1;
+  constexpr int block_m() const { return 16 * warps / d_split * m_tiles; }
 };
 
 // Entries for sm90 come from bench/tile_sweep.cu on an H200 (bf16, 16k tokens, hidden 2048; 2026-11-29,
@@ -46,9 +49,19 @@ struct PortableFwdTile {
 //   the next one's Q and first K/V tile) ran 0.88-1.01 of one CTA per tile at every head dim.
 // Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
 template <int kArch>
-constexpr PortableFwdTile portable_fwd_tile(int head_dim) {
+constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = false) {
   if constexpr (kArch >= 90) {
     // H100/H200: 227 KB of shared memory per block; registers decide.
+    // d=256 without a right bound: 8 warps in pairs (kDSplit), 128 rows, one CTA per SM: Q 64 KB +
+    // K, V 64 KB + P 16 KB. Per key tile a pair reads K and V once between two warps' 32 rows, a
+    // quarter less shared-memory traffic than warps of 16 rows each. H200, bench/ab_compare.py
+    // against the 4-warp tile below, 3 rounds (bench/results/h200_session33_2026-12-04.txt), 2k /
+    // 4k / 8k / 16k: call 3 0.983 / 1.018 / 1.018 / 1.040, call 2 1.035 / 1.054 / 1.056 / 1.076
+    // (whose baseline ran 2-4% below its usual figures); causal (call 2) 0.958 / 0.994 / 1.001 /
+    // 1.047, the 128-row tiles computing twice the masked keys on the diagonal, so a right bound
+    // keeps the 4-warp tile. Same call: pairs of 4 warps (64 rows, two CTAs per SM) 1.010-1.027,
+    // causal 0.983-1.020; call 3: the 8-warp pairs on a two-stage ring (208 KB) 0.967-0.996.
+    if (head_dim == 256 && !right_bound) return {64, 8, 2, 1, false, 2};
     switch (head_dim) {
       case 32:  return {64, 4, 2, 2, false};   // as d=64
       case 64:  return {64, 4, 2, 2, false};   // measured best; O 64 + S 64 regs, no spill

@@ -163,7 +163,7 @@ TEST_F(GpuForward, SlidingWindowsAndSoftcap) {
   uint32_t seed = 200;
   const std::pair<int64_t, int64_t> windows[] = {{37, 11}, {0, 0}, {100, -1}, {-1, 5}, {5, 200}};
   for (auto [wl, wr] : windows)
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 128, 256}) {
       Case c;
       c.seqlen_q = 250;
       c.seqlen_k = 301;
@@ -333,7 +333,7 @@ TEST_F(GpuForward, OStoredFromTheAccumulators) {
 TEST_F(GpuForward, VarlenWithEmptySequences) {
   uint32_t seed = 400;
   for (bool causal : {false, true})
-    for (int64_t d : {64, 96, 128, 192}) {
+    for (int64_t d : {64, 96, 128, 192, 256}) {
       Case c;
       c.head_dim = d;
       c.causal = causal;

@@ -127,7 +127,7 @@ int run_demo(const std::vector<std::string>& argv) {
   row("max |error| vs fp64 reference", fmt("%.3g", check.flash),
       check.standard >= 0 ? fmt("%.3g", check.standard) : na, "checked on " + check.scope);
 
-  const int64_t block_m = on_gpu ? gpu::flash_block_m(int(s.d)) : flashattn::cpu::block_rows(s.d);
+  const int64_t block_m = on_gpu ? gpu::flash_block_m(int(s.d), s.causal) : flashattn::cpu::block_rows(s.d);
   const double heads = double(s.b * s.h), esize = double(flashattn::dtype_size(s.dtype));
   const double std_elems = heads * flashattn::core::standard_traffic_elems(s.s_q, s.d);
   const double flash_elems = heads * flashattn::core::flash_traffic_elems(s.s_q, s.d, block_m);

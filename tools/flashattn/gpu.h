@@ -24,9 +24,9 @@ size_t free_bytes();  // free device memory (cudaMemGetInfo)
 // Seconds fn takes on the GPU, measured with CUDA events around it on the default stream.
 double time_seconds(const std::function<void()>& fn);
 
-// Query rows per tile of the forward kernel the library uses for this head dim on device 0
-// (src/cuda/tile_size.h), for the traffic model.
-int flash_block_m(int head_dim);
+// Query rows per tile of the portable forward kernel the library uses for this head dim (and
+// mask) on device 0 (src/cuda/tile_size.h), for the traffic model.
+int flash_block_m(int head_dim, bool causal);
 
 // Standard attention on device tensors: S = scale Q K^T with cuBLAS (S in the input dtype),
 // masked softmax into P (same dtype), O = P V with cuBLAS. f16, bf16 and f32.

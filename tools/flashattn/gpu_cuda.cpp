@@ -67,7 +67,7 @@ double time_seconds(const std::function<void()>& fn) {
 
 // Mirrors the library's dispatch (src/cuda/dispatch_forward.cpp): the smallest compiled kernel head
 // dim that holds d, built for Hopper when the device is one and sm90a kernels are compiled in.
-int flash_block_m(int head_dim) {
+int flash_block_m(int head_dim, bool causal) {
   int major = 0;
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cudaDeviceGetAttribute");
   const bool hopper = major == 9 && flashattn::build_info().cuda_kernels.find("sm90a") != std::string::npos;
@@ -77,8 +77,8 @@ int flash_block_m(int head_dim) {
       kernel_dim = k;
       break;
     }
-  return hopper ? flashattn::cuda::portable_fwd_tile<90>(kernel_dim).block_m()
-                : flashattn::cuda::portable_fwd_tile<80>(kernel_dim).block_m();
+  return hopper ? flashattn::cuda::portable_fwd_tile<90>(kernel_dim, causal).block_m()
+                : flashattn::cuda::portable_fwd_tile<80>(kernel_dim, causal).block_m();
 }
 
 }  // namespace fatool::gpu

@@ -19,7 +19,7 @@ void download(void*, const void*, size_t) { absent(); }
 void synchronize() {}
 size_t free_bytes() { return 0; }
 double time_seconds(const std::function<void()>&) { absent(); }
-int flash_block_m(int) { absent(); }
+int flash_block_m(int, bool) { absent(); }
 void standard_attention(const StandardArgs&) { absent(); }
 
 }  // namespace fatool::gpu

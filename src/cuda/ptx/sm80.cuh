@@ -211,6 +211,15 @@ __device__ __forceinline__ float2 thread_unpack2<__half>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
+// ---- named barriers (ids 1..15; 0 is __syncthreads): `threads` (a multiple of 32) of the CTA ----
+
+__device__ __forceinline__ void thread_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void thread_named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- quad reductions and exchanges (the 4 lanes that share a fragment row) -------------------
 
 __device__ __forceinline__ float quad_max(float x) {

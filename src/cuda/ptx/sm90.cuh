@@ -274,15 +274,7 @@ __device__ __forceinline__ void warp_stmatrix_x4_trans(const uint32_t (&r)[4], v
                : "memory");
 }
 
-// Named barriers (ids 1..15; 0 is __syncthreads). `threads` is a multiple of 32.
-__device__ __forceinline__ void thread_named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void thread_named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// The same, done only where `pred` holds, as a predicated instruction: no branch for the compiler
+// Named barriers (thread_named_sync and thread_named_arrive in sm80.cuh), done only where `pred` holds, as a predicated instruction: no branch for the compiler
 // to treat as divergent (a branch around a barrier ahead of wgmma code can make ptxas serialize
 // the wgmmas, C7520).
 __device__ __forceinline__ void thread_named_sync_if(bool pred, int id, int threads) {

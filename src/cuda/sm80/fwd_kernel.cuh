@@ -6,6 +6,15 @@
 // softmax_state.h) runs in registers in the exp2 domain with the scale folded into one FMA; P never
 // leaves registers (the S accumulator is re-packed as the A operand of P V); O is divided by l once
 // at the end and O and lse are written once.
+//
+// Split head dim (kDSplit = 2, tile_size.h says where): the warps work in pairs on the same rows.
+// Each warp of a pair computes S for half of every key tile, the two exchange their row maxima
+// through shared memory (one pair barrier), write their halves of P to shared memory, and each
+// computes O += P V for half of the head dim over all the tile's keys. Per key tile a pair then
+// reads K and V once between them where two warps of their own rows would each read all of both,
+// and each warp holds O for 32 rows in the registers of 16 rows at the full head dim: at d = 256,
+// about a quarter less shared-memory traffic for the same MMAs (ldmatrix.x4 per warp and key tile:
+// 104 against 144).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +33,7 @@
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kMTiles_, int kStages_, bool kQInRegs_,
-          int kMinCtas_ = 1>
+          int kMinCtas_ = 1, int kDSplit_ = 1>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -36,20 +45,30 @@ struct FwdTraits {
   // CTAs per SM the registers are capped for: a sweep knob (bench/tile_sweep.cu); the table's tiles
   // leave it at 1 (capping spilled where tried).
   static constexpr int kMinCtas = kMinCtas_;
-  static constexpr int kBlockM = 16 * kWarps * kMTiles;
+  static constexpr int kDSplit = kDSplit_;  // warps per row block: 1, or 2 splitting keys in S and the head dim in O
+  static constexpr int kRowWarps = kWarps / kDSplit;
+  static constexpr int kBlockM = 16 * kRowWarps * kMTiles;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kKSteps = kHeadDim / 16;
-  static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S
-  static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O
+  static constexpr int kWarpKeys = kBlockN / kDSplit;  // keys of S per warp
+  static constexpr int kNTiles = kWarpKeys / 8;        // n8 tiles of S per warp
+  static constexpr int kDTiles = kHeadDim / 8 / kDSplit;  // n8 tiles of O per warp
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   // One stage: FlashAttention-2's single-buffer schedule, K and V in separate cp.async groups (V(n)
   // loads under S = Q K^T, K(n+1) under P V), for tiles whose shared memory must stay small enough
   // for two CTAs per SM.
   static constexpr bool kSplitKV = kStages == 1;
-  static constexpr int kSmemBytes = (kTileQ + 2 * kStages * kTileKV) * int(sizeof(Element));
+  // kDSplit = 2: P [kBlockM][kBlockN] in 16 bits, then a float per (row, warp of the pair).
+  static constexpr int kTileP = kDSplit > 1 ? kBlockM * kBlockN : 0;
+  static constexpr int kSmemBytes =
+      (kTileQ + 2 * kStages * kTileKV + kTileP) * int(sizeof(Element)) + (kDSplit > 1 ? kBlockM * kDSplit * 4 : 0);
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "mma k16 steps");
+  static_assert(kDSplit == 1 || kDSplit == 2, "one warp per row block, or a pair");
+  static_assert(kWarpKeys % 16 == 0 && kDTiles % 2 == 0, "each warp's keys and columns in whole ldmatrix.x4 steps");
+  static_assert(kDSplit == 1 || (kBlockN == 64 && kDTiles % 8 == 0),
+                "a pair's halves start at whole swizzle periods: of P's 8 chunks and of the head dim's");
 };
 
 // kSoftcap is a template flag (the launcher picks one of two kernels) and the boundary mask a
@@ -64,8 +83,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   E* sQ = reinterpret_cast<E*>(smem_raw);
   E* sK = sQ + T::kTileQ;
   E* sV = sK + T::kStages * T::kTileKV;
+  [[maybe_unused]] E* sP = sV + T::kStages * T::kTileKV;                  // kDSplit > 1: [kBlockM][kBlockN]
+  [[maybe_unused]] float* sRow = reinterpret_cast<float*>(sP + T::kTileP);  // [kBlockM][kDSplit]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // The warp's row block and, in a pair, its half: keys [half * kWarpKeys, +kWarpKeys) of each
+  // tile in S, head-dim n8 tiles [half * kDTiles, +kDTiles) in O.
+  const int rw = warp / T::kDSplit, half = warp % T::kDSplit;
+  // The pair's own barrier (ids from 1; 0 is __syncthreads).
+  auto pair_sync = [&] {
+    if constexpr (T::kDSplit > 1) ptx::thread_named_sync(1 + rw, 32 * T::kDSplit);
+  };
   // One CTA per tile index; under a right bound (causal) the longest tiles come first, so the
   // short ones fill the tail of the grid (src/cuda/tile_scheduler.h).
   int m_block, h, b;
@@ -112,9 +140,16 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   // B-fragments (two n8 tiles: rows 8 * (mi / 2) + lane % 8, chunk bit mi % 2) and V^T B-fragments
   // (rows 8 * (mi % 2) + lane % 8, chunk bit mi / 2), with mi = lane / 8 the ldmatrix matrix index.
   const int mi = lane >> 3;
-  const LaneRows<T::kChunks> q_rows(16 * warp * T::kMTiles + (lane & 15), lane >> 4);
-  const LaneRows<T::kChunks> k_rows(8 * (mi >> 1) + (lane & 7), mi & 1);
+  const LaneRows<T::kChunks> q_rows(16 * rw * T::kMTiles + (lane & 15), lane >> 4);
+  const LaneRows<T::kChunks> k_rows(half * T::kWarpKeys + 8 * (mi >> 1) + (lane & 7), mi & 1);
   const LaneRows<T::kChunks> v_rows(8 * (mi & 1) + (lane & 7), mi >> 1);
+  // This warp's head-dim columns in P V start at a whole swizzle period (T's static_assert), so
+  // they are an offset past v_rows' addresses.
+  const int v_col0 = 8 * half * T::kDTiles;
+  // kDSplit > 1: P's A fragments (rows as Q's, chunks of 8 keys) and the lanes' P stores, whose
+  // half of the keys (chunk bit 2) is folded into the lane's swizzle bits.
+  [[maybe_unused]] const LaneRows<T::kBlockN / 8> p_rows(16 * rw * T::kMTiles + (lane & 15), lane >> 4);
+  [[maybe_unused]] const LaneRows<T::kBlockN / 8> p_store(16 * rw * T::kMTiles + g, half * (T::kWarpKeys / 8));
 
   if (!tiles.empty()) {
     block_load_tile<T, T::kBlockM>(sQ, q, p.q_s.row, rows_valid, chunks_valid);
@@ -213,10 +248,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
-            // This row's visible keys relative to the tile's first key, clamped to [0, kBlockN].
-            int64_t row = r0 + 16 * (warp * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN;
-            int lo = int(max(min(mask.lo(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
-            int hi = int(max(min(mask.hi(row) - key0, int64_t(T::kBlockN)), int64_t(0)));
+            // This row's visible keys relative to the warp's first key, clamped to [0, kWarpKeys].
+            int64_t row = r0 + 16 * (rw * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN + half * T::kWarpKeys;
+            int lo = int(max(min(mask.lo(row) - key0, int64_t(T::kWarpKeys)), int64_t(0)));
+            int hi = int(max(min(mask.hi(row) - key0, int64_t(T::kWarpKeys)), int64_t(0)));
 #pragma unroll
             for (int j = 0; j < T::kNTiles; ++j)
 #pragma unroll
@@ -231,6 +266,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       // when some row of the warp moved its max, then P = exp2(u*c - base).
       float factor[T::kMTiles][2];
       bool moved = false;
+      auto update_max = [&](int mt, int rr, float mx) {
+        float m_new = core::lazy_max(row_max[mt][rr], mx * c);
+        factor[mt][rr] = core::rescale_factor(row_max[mt][rr], m_new);
+        row_max[mt][rr] = m_new;
+        row_sum[mt][rr] *= factor[mt][rr];
+        moved |= factor[mt][rr] != 1.f;
+      };
+      [[maybe_unused]] float half_max[T::kMTiles][2];
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
@@ -239,12 +282,24 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #pragma unroll
           for (int j = 0; j < T::kNTiles; ++j) mx = fmaxf(mx, fmaxf(acc_s[mt][j][2 * rr], acc_s[mt][j][2 * rr + 1]));
           mx = ptx::quad_max(mx);
-          float m_new = core::lazy_max(row_max[mt][rr], mx * c);
-          factor[mt][rr] = core::rescale_factor(row_max[mt][rr], m_new);
-          row_max[mt][rr] = m_new;
-          row_sum[mt][rr] *= factor[mt][rr];
-          moved |= factor[mt][rr] != 1.f;
+          if constexpr (T::kDSplit > 1) {
+            // A pair's warps post their halves' maxima and take the larger after the barrier below
+            // (both then update from the same values, so their states stay equal).
+            if (t == 0) sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + half] = mx;
+            half_max[mt][rr] = mx;
+          } else {
+            update_max(mt, rr, mx);
+          }
         }
+      if constexpr (T::kDSplit > 1) {
+        pair_sync();
+#pragma unroll
+        for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr)
+            update_max(mt, rr,
+                       fmaxf(half_max[mt][rr], sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + (half ^ 1)]));
+      }
       if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
         for (int mt = 0; mt < T::kMTiles; ++mt)
@@ -269,16 +324,31 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         }
 
       // P to 16 bits right away (half the registers of S): two S n8 tiles form one k16 A fragment.
-      uint32_t p_frag[T::kMTiles][T::kBlockN / 16][4];
+      // In a pair, each warp's half goes to shared memory, read back whole after the next barrier
+      // (the CTA's before P V on one-stage tiles; the pair's otherwise).
+      uint32_t p_frag[T::kMTiles][T::kWarpKeys / 16][4];
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+        for (int kk = 0; kk < T::kWarpKeys / 16; ++kk) {
           p_frag[mt][kk][0] = ptx::thread_pack2<E>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
           p_frag[mt][kk][1] = ptx::thread_pack2<E>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
           p_frag[mt][kk][2] = ptx::thread_pack2<E>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
           p_frag[mt][kk][3] = ptx::thread_pack2<E>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
         }
+      if constexpr (T::kDSplit > 1) {
+        // A fragment register r: rows g + 8 (r & 1), keys 8 (2 kk + (r >> 1)) + 2t of the warp's half.
+#pragma unroll
+        for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < T::kWarpKeys / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+              *reinterpret_cast<uint32_t*>(
+                  sP + p_store.at(16 * mt + 8 * (r & 1), 2 * kk + (r >> 1)) + 2 * t) =
+                  p_frag[mt][kk][r];
+        if constexpr (!T::kSplitKV) pair_sync();
+      }
 
       if constexpr (T::kSplitKV) {
         ptx::thread_cp_async_wait<0>();  // V(n) landed
@@ -287,17 +357,24 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         ptx::thread_cp_async_commit();
       }
 
-      // O += P V, V^T fragments via ldmatrix.trans, each reused by every m-tile.
+      // O += P V, V^T fragments via ldmatrix.trans, each reused by every m-tile; a pair's warps over
+      // all the tile's keys (P from shared memory), each for its half of the head dim.
 #pragma unroll
       for (int kk = 0; kk < T::kBlockN / 16; ++kk) {
+        [[maybe_unused]] uint32_t p_smem[T::kDSplit > 1 ? T::kMTiles : 1][4];
+        if constexpr (T::kDSplit > 1) {
+#pragma unroll
+          for (int mt = 0; mt < T::kMTiles; ++mt) ptx::warp_ldmatrix_x4(p_smem[mt], sP + p_rows.at(16 * mt, 2 * kk));
+        }
 #pragma unroll
         for (int jd = 0; jd < T::kDTiles; jd += 2) {
           uint32_t bv[4];
-          ptx::warp_ldmatrix_x4_trans(bv, sVs + v_rows.at(16 * kk, jd));
+          ptx::warp_ldmatrix_x4_trans(bv, sVs + v_col0 + v_rows.at(16 * kk, jd));
 #pragma unroll
           for (int mt = 0; mt < T::kMTiles; ++mt) {
-            Mma::warp_m16n8k16(acc_o[mt][jd], p_frag[mt][kk], bv[0], bv[1]);
-            Mma::warp_m16n8k16(acc_o[mt][jd + 1], p_frag[mt][kk], bv[2], bv[3]);
+            const uint32_t(&a)[4] = T::kDSplit > 1 ? p_smem[T::kDSplit > 1 ? mt : 0] : p_frag[mt][T::kDSplit > 1 ? 0 : kk];
+            Mma::warp_m16n8k16(acc_o[mt][jd], a, bv[0], bv[1]);
+            Mma::warp_m16n8k16(acc_o[mt][jd + 1], a, bv[2], bv[3]);
           }
         }
       }
@@ -320,26 +397,44 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     }
   }
 
-  // Epilogue: O = o~ / l and lse = m + log l (rows that saw nothing: 0 and -inf), written once.
+  // Epilogue: O = o~ / l and lse = m + log l (rows that saw nothing: 0 and -inf), written once. A
+  // pair's l is the sum of its halves' (posted as the maxima were; the slots' last readers passed a
+  // barrier since), the same in both warps, whose maxima are equal.
+  [[maybe_unused]] float pair_l[T::kMTiles][2];
+  if constexpr (T::kDSplit > 1) {
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        pair_l[mt][rr] = ptx::quad_sum(row_sum[mt][rr]);
+        if (t == 0) sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + half] = pair_l[mt][rr];
+      }
+    pair_sync();
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) pair_l[mt][rr] += sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + (half ^ 1)];
+  }
   E* o = static_cast<E*>(p.out) + p.o_s.offset(b, q0 + r0, h);
   float* lse = static_cast<float*>(p.lse);
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      float l = ptx::quad_sum(row_sum[mt][rr]);
-      int row = 16 * (warp * T::kMTiles + mt) + g + 8 * rr;
+      float l = T::kDSplit > 1 ? pair_l[mt][rr] : ptx::quad_sum(row_sum[mt][rr]);
+      int row = 16 * (rw * T::kMTiles + mt) + g + 8 * rr;
       if (row >= rows_valid) continue;
       float inv = core::finalize_scale(l);
       E* orow = o + int64_t(row) * p.o_s.row;
 #pragma unroll
       for (int j = 0; j < T::kDTiles; ++j) {
-        int col = 8 * j + 2 * t;
+        int col = v_col0 + 8 * j + 2 * t;
         if (col < p.head_dim)
           *reinterpret_cast<uint32_t*>(orow + col) =
               ptx::thread_pack2<E>(acc_o[mt][j][2 * rr] * inv, acc_o[mt][j][2 * rr + 1] * inv);
       }
-      if (lse != nullptr && t == 0) lse[p.lse_s.offset(b, q0 + r0 + row, h)] = core::finalize_lse(row_max[mt][rr], l);
+      if (lse != nullptr && t == 0 && half == 0)
+        lse[p.lse_s.offset(b, q0 + r0 + row, h)] = core::finalize_lse(row_max[mt][rr], l);
     }
   }
 }

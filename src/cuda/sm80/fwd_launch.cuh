@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/forward.h"
@@ -11,10 +12,8 @@
 
 namespace flashattn::cuda {
 
-template <int kHeadDim, class Element, int kArch>
-void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
-  constexpr PortableFwdTile tile = portable_fwd_tile<kArch>(kHeadDim);
-  using T = sm80::FwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.m_tiles, tile.stages, tile.q_in_regs>;
+template <class T>
+void launch_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
   auto kernel = p.softcap > 0.f ? sm80::forward_kernel<T, true> : sm80::forward_kernel<T, false>;
   // Above 48 KB a kernel must opt in to its dynamic shared memory.
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
@@ -28,6 +27,18 @@ void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
                                          std::to_string(T::kBlockM) + " rows exceed the portable kernel's 2^31 - 1");
   kernel<<<unsigned(tiles), T::kThreads, T::kSmemBytes, stream>>>(p, sched);
   check_launch("flashattn forward kernel (portable path)");
+}
+
+template <int kHeadDim, class Element, int kArch>
+void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
+  // A right bound (causal, windows) has its own tile where the table gives one (tile_size.h).
+  constexpr PortableFwdTile a = portable_fwd_tile<kArch>(kHeadDim, false), c = portable_fwd_tile<kArch>(kHeadDim, true);
+  using Plain = sm80::FwdTraits<kHeadDim, Element, a.block_n, a.warps, a.m_tiles, a.stages, a.q_in_regs, 1, a.d_split>;
+  using Bounded = sm80::FwdTraits<kHeadDim, Element, c.block_n, c.warps, c.m_tiles, c.stages, c.q_in_regs, 1, c.d_split>;
+  if (!std::is_same_v<Plain, Bounded> && p.window_right >= 0)
+    launch_forward_portable<Bounded>(p, stream);
+  else
+    launch_forward_portable<Plain>(p, stream);
 }
 
 }  // namespace flashattn::cuda
