@@ -3,12 +3,13 @@
 // arch gets tiles that fit its shared memory: 99 KB per block on sm86/sm89 (the sm80 build runs
 // there too, so its entries must fit 99 KB), 227 KB on sm90.
 //
-// Terms: block_m = 16 * warps * m_tiles query rows per CTA; each warp owns 16 * m_tiles rows and
-// reads every K/V tile from shared memory once per step, so m_tiles = 2 halves shared-memory
-// traffic per FLOP at the price of registers (O: m_tiles*head_dim/2 fp32 per thread, S:
-// m_tiles*block_n/2). q_in_regs keeps the Q fragments in registers (m_tiles*head_dim/4 per
-// thread) for the whole K/V loop; otherwise they are re-read from shared memory each k-step, which
-// costs less than spilling.
+// Terms: block_m = 16 * warps / d_split * m_tiles query rows per CTA; each warp owns 16 * m_tiles
+// rows and reads every K/V tile from shared memory once per step, so m_tiles = 2 halves
+// shared-memory traffic per FLOP at the price of registers (O: m_tiles*head_dim/2 fp32 per thread,
+// S: m_tiles*block_n/2); with d_split = 2 two warps share their rows, each holding half of S and
+// half of O, so that m_tiles = 2 fits where O alone would not. q_in_regs keeps the Q fragments in
+// registers (m_tiles*head_dim/4 per thread) for the whole K/V loop; otherwise they are re-read
+// from shared memory each k-step, which costs less than spilling.
 #pragma once
 
 #include <cstdint>
