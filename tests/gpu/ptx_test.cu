@@ -194,6 +194,37 @@ __global__ void stmatrix_kernel(uint16_t* out, int* ran, bool trans) {
 #endif
 }
 
+// Named barriers (any arch), two independent pairs of warps: in pair (0, 1), on barrier 1, warp 1
+// writes a word and both sync, then warp 0 reads it; in pair (2, 3), on barrier 2, warp 3 writes
+// and only arrives, warp 2 syncs and reads. A barrier that let its waiter through early (or a pair
+// that waited on the other's) would read 0.
+__global__ void named_barrier_pairs_kernel(int* out) {
+  __shared__ volatile int words[2];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (threadIdx.x < 2) words[threadIdx.x] = 0;
+  __syncthreads();
+  if (warp < 2) {
+    if (warp == 1 && lane == 0) {
+      __nanosleep(20000);  // the waiter reaches the barrier first
+      words[0] = 7;
+    }
+    ptx::thread_named_sync(1, 64);
+    if (warp == 0 && lane == 0) out[0] = words[0];
+  } else {
+    if (warp == 3) {
+      if (lane == 0) {
+        __nanosleep(20000);
+        words[1] = 9;
+      }
+      __syncwarp();
+      ptx::thread_named_arrive(2, 64);
+    } else {
+      ptx::thread_named_sync(2, 64);
+      if (lane == 0) out[1] = words[1];
+    }
+  }
+}
+
 // Predicated named barriers (sm90): warp 1 writes a word, then arrives where its predicate holds;
 // warp 0 waits where its holds and reads the word. Calls with a false predicate do nothing (a
 // stray arrive or wait would leave barrier 2 unbalanced or hang).
@@ -591,6 +622,18 @@ TEST_F(Ptx, StmatrixTransStoresTheTransposeOnHopper) {
   if (got.empty()) GTEST_SKIP() << "stmatrix needs sm90";
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) EXPECT_EQ(got[r * 16 + c], c * 16 + r) << r << "," << c;
+}
+
+TEST_F(Ptx, NamedBarriersSyncPairsOfWarps) {
+  int* out = nullptr;
+  FA_CUDA_OK(cudaMalloc(&out, 8));
+  FA_CUDA_OK(cudaMemset(out, 0, 8));
+  named_barrier_pairs_kernel<<<1, 128>>>(out);
+  FA_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<int> got = to_host(out, 2);
+  EXPECT_EQ(got[0], 7);
+  EXPECT_EQ(got[1], 9);
+  cudaFree(out);
 }
 
 TEST_F(Ptx, PredicatedNamedBarriersOnHopper) {

@@ -274,9 +274,9 @@ __device__ __forceinline__ void warp_stmatrix_x4_trans(const uint32_t (&r)[4], v
                : "memory");
 }
 
-// Named barriers (thread_named_sync and thread_named_arrive in sm80.cuh), done only where `pred` holds, as a predicated instruction: no branch for the compiler
-// to treat as divergent (a branch around a barrier ahead of wgmma code can make ptxas serialize
-// the wgmmas, C7520).
+// Named barriers (thread_named_sync and thread_named_arrive, sm80.cuh) done only where `pred`
+// holds, as a predicated instruction: no branch for the compiler to treat as divergent (a branch
+// around a barrier ahead of wgmma code can make ptxas serialize the wgmmas, C7520).
 __device__ __forceinline__ void thread_named_sync_if(bool pred, int id, int threads) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p bar.sync %1, %2;\n}\n" ::"r"(int(pred)), "r"(id),
                "r"(threads)

@@ -87,12 +87,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   [[maybe_unused]] float* sRow = reinterpret_cast<float*>(sP + T::kTileP);  // [kBlockM][kDSplit]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  // The warp's row block and, in a pair, its half: keys [half * kWarpKeys, +kWarpKeys) of each
-  // tile in S, head-dim n8 tiles [half * kDTiles, +kDTiles) in O.
-  const int rw = warp / T::kDSplit, half = warp % T::kDSplit;
+  // The warp's row block and, in a pair, its side: keys [side * kWarpKeys, +kWarpKeys) of each
+  // tile in S, head-dim n8 tiles [side * kDTiles, +kDTiles) in O.
+  const int rw = warp / T::kDSplit, side = warp % T::kDSplit;
   // The pair's own barrier (ids from 1; 0 is __syncthreads).
   auto pair_sync = [&] {
     if constexpr (T::kDSplit > 1) ptx::thread_named_sync(1 + rw, 32 * T::kDSplit);
+  };
+  // The pair's slots for this thread's fragment row (m-tile mt, row half rr) in sRow: a float
+  // each warp of the pair posts (its maximum of a tile, then its part of l) for the other to read.
+  [[maybe_unused]] auto pair_slots = [&](int mt, int rr) {
+    return sRow + (16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit;
   };
   // One CTA per tile index; under a right bound (causal) the longest tiles come first, so the
   // short ones fill the tail of the grid (src/cuda/tile_scheduler.h).
@@ -141,15 +146,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   // (rows 8 * (mi % 2) + lane % 8, chunk bit mi / 2), with mi = lane / 8 the ldmatrix matrix index.
   const int mi = lane >> 3;
   const LaneRows<T::kChunks> q_rows(16 * rw * T::kMTiles + (lane & 15), lane >> 4);
-  const LaneRows<T::kChunks> k_rows(half * T::kWarpKeys + 8 * (mi >> 1) + (lane & 7), mi & 1);
+  const LaneRows<T::kChunks> k_rows(side * T::kWarpKeys + 8 * (mi >> 1) + (lane & 7), mi & 1);
   const LaneRows<T::kChunks> v_rows(8 * (mi & 1) + (lane & 7), mi >> 1);
   // This warp's head-dim columns in P V start at a whole swizzle period (T's static_assert), so
   // they are an offset past v_rows' addresses.
-  const int v_col0 = 8 * half * T::kDTiles;
+  const int v_col0 = 8 * side * T::kDTiles;
   // kDSplit > 1: P's A fragments (rows as Q's, chunks of 8 keys) and the lanes' P stores, whose
   // half of the keys (chunk bit 2) is folded into the lane's swizzle bits.
   [[maybe_unused]] const LaneRows<T::kBlockN / 8> p_rows(16 * rw * T::kMTiles + (lane & 15), lane >> 4);
-  [[maybe_unused]] const LaneRows<T::kBlockN / 8> p_store(16 * rw * T::kMTiles + g, half * (T::kWarpKeys / 8));
+  [[maybe_unused]] const LaneRows<T::kBlockN / 8> p_store(16 * rw * T::kMTiles + g, side * (T::kWarpKeys / 8));
 
   if (!tiles.empty()) {
     block_load_tile<T, T::kBlockM>(sQ, q, p.q_s.row, rows_valid, chunks_valid);
@@ -249,7 +254,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             // This row's visible keys relative to the warp's first key, clamped to [0, kWarpKeys].
-            int64_t row = r0 + 16 * (rw * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN + half * T::kWarpKeys;
+            int64_t row = r0 + 16 * (rw * T::kMTiles + mt) + g + 8 * rr, key0 = n * T::kBlockN + side * T::kWarpKeys;
             int lo = int(max(min(mask.lo(row) - key0, int64_t(T::kWarpKeys)), int64_t(0)));
             int hi = int(max(min(mask.hi(row) - key0, int64_t(T::kWarpKeys)), int64_t(0)));
 #pragma unroll
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         row_sum[mt][rr] *= factor[mt][rr];
         moved |= factor[mt][rr] != 1.f;
       };
-      [[maybe_unused]] float half_max[T::kMTiles][2];
+      [[maybe_unused]] float side_max[T::kMTiles][2];
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
@@ -285,8 +290,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           if constexpr (T::kDSplit > 1) {
             // A pair's warps post their halves' maxima and take the larger after the barrier below
             // (both then update from the same values, so their states stay equal).
-            if (t == 0) sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + half] = mx;
-            half_max[mt][rr] = mx;
+            if (t == 0) pair_slots(mt, rr)[side] = mx;
+            side_max[mt][rr] = mx;
           } else {
             update_max(mt, rr, mx);
           }
@@ -297,8 +302,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr)
-            update_max(mt, rr,
-                       fmaxf(half_max[mt][rr], sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + (half ^ 1)]));
+            update_max(mt, rr, fmaxf(side_max[mt][rr], pair_slots(mt, rr)[side ^ 1]));
       }
       if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -372,7 +376,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           ptx::warp_ldmatrix_x4_trans(bv, sVs + v_col0 + v_rows.at(16 * kk, jd));
 #pragma unroll
           for (int mt = 0; mt < T::kMTiles; ++mt) {
-            const uint32_t(&a)[4] = T::kDSplit > 1 ? p_smem[T::kDSplit > 1 ? mt : 0] : p_frag[mt][T::kDSplit > 1 ? 0 : kk];
+            const uint32_t(&a)[4] =
+                T::kDSplit > 1 ? p_smem[T::kDSplit > 1 ? mt : 0] : p_frag[mt][T::kDSplit > 1 ? 0 : kk];
             Mma::warp_m16n8k16(acc_o[mt][jd], a, bv[0], bv[1]);
             Mma::warp_m16n8k16(acc_o[mt][jd + 1], a, bv[2], bv[3]);
           }
@@ -407,13 +412,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         pair_l[mt][rr] = ptx::quad_sum(row_sum[mt][rr]);
-        if (t == 0) sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + half] = pair_l[mt][rr];
+        if (t == 0) pair_slots(mt, rr)[side] = pair_l[mt][rr];
       }
     pair_sync();
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) pair_l[mt][rr] += sRow[(16 * (rw * T::kMTiles + mt) + g + 8 * rr) * T::kDSplit + (half ^ 1)];
+      for (int rr = 0; rr < 2; ++rr) pair_l[mt][rr] += pair_slots(mt, rr)[side ^ 1];
   }
   E* o = static_cast<E*>(p.out) + p.o_s.offset(b, q0 + r0, h);
   float* lse = static_cast<float*>(p.lse);
@@ -433,7 +438,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           *reinterpret_cast<uint32_t*>(orow + col) =
               ptx::thread_pack2<E>(acc_o[mt][j][2 * rr] * inv, acc_o[mt][j][2 * rr + 1] * inv);
       }
-      if (lse != nullptr && t == 0 && half == 0)
+      if (lse != nullptr && t == 0 && side == 0)
         lse[p.lse_s.offset(b, q0 + r0 + row, h)] = core::finalize_lse(row_max[mt][rr], l);
     }
   }

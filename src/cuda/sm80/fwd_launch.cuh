@@ -33,8 +33,10 @@ template <int kHeadDim, class Element, int kArch>
 void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
   // A right bound (causal, windows) has its own tile where the table gives one (tile_size.h).
   constexpr PortableFwdTile a = portable_fwd_tile<kArch>(kHeadDim, false), c = portable_fwd_tile<kArch>(kHeadDim, true);
-  using Plain = sm80::FwdTraits<kHeadDim, Element, a.block_n, a.warps, a.m_tiles, a.stages, a.q_in_regs, 1, a.d_split>;
-  using Bounded = sm80::FwdTraits<kHeadDim, Element, c.block_n, c.warps, c.m_tiles, c.stages, c.q_in_regs, 1, c.d_split>;
+  using Plain =
+      sm80::FwdTraits<kHeadDim, Element, a.block_n, a.warps, a.m_tiles, a.stages, a.q_in_regs, 1, a.d_split>;
+  using Bounded =
+      sm80::FwdTraits<kHeadDim, Element, c.block_n, c.warps, c.m_tiles, c.stages, c.q_in_regs, 1, c.d_split>;
   if (!std::is_same_v<Plain, Bounded> && p.window_right >= 0)
     launch_forward_portable<Bounded>(p, stream);
   else
