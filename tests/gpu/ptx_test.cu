@@ -208,6 +208,7 @@ __global__ void named_barrier_pairs_kernel(int* out) {
       __nanosleep(20000);  // the waiter reaches the barrier first
       words[0] = 7;
     }
+    __syncwarp();  // bar.sync is aligned: whole warps arrive
     ptx::thread_named_sync(1, 64);
     if (warp == 0 && lane == 0) out[0] = words[0];
   } else {
