@@ -1,5 +1,6 @@
 // Times candidate tile shapes of the portable forward kernel on the anchor shapes (bf16, 16k
 // tokens, hidden 2048), bypassing dispatch, so src/cuda/tile_size.h entries rest on measurements.
+// (The d=256 entries differ with and without a right bound: the first variant is the causal one.)
 // Build and run on a GPU machine (one head dim per translation unit keeps builds parallel):
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 //        -I include -I src -I <build>/include -DSWEEP_HDIM=128 bench/tile_sweep.cu -o sweep128
@@ -16,9 +17,10 @@ namespace fa = flashattn;
 
 // order: 0 = the scheduler's (longest first in L2 sections under a causal mask), 1 = query tiles
 // ascending within each head (FlashAttention-2's launch order).
-template <int BN, int W, int MT, int ST, bool QR, int MC = 1>
+// DS: warps per row block (sm80::FwdTraits::kDSplit; 2 = pairs splitting keys in S, head dim in P V).
+template <int BN, int W, int MT, int ST, bool QR, int MC = 1, int DS = 1>
 void time_config(const fa::core::ForwardParams& p, bool causal, int order = 0) {
-  using T = fa::cuda::sm80::FwdTraits<SWEEP_HDIM, sweep::E, BN, W, MT, ST, QR, MC>;
+  using T = fa::cuda::sm80::FwdTraits<SWEEP_HDIM, sweep::E, BN, W, MT, ST, QR, MC, DS>;
   auto kernel = fa::cuda::sm80::forward_kernel<T, false>;
   SWEEP_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   int l2 = 0;
@@ -27,9 +29,10 @@ void time_config(const fa::core::ForwardParams& p, bool causal, int order = 0) {
   if (order == 1) sched.longest_first = false;
   const unsigned grid = unsigned(sched.num_tiles());
   const double med = sweep::median_ms([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(p, sched); }, 1);
-  std::printf("d=%d causal=%d s=%5ld  block_n=%3d warps=%d m_tiles=%d stages=%d q_regs=%d min_ctas=%d order=%d  %7.3f ms  %6.1f TFLOP/s\n",
-              SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, W, MT, ST, int(QR), MC, order, med,
-              sweep::tflops(p, causal, med));
+  std::printf(
+      "d=%d causal=%d s=%5ld  block_n=%3d warps=%d m_tiles=%d stages=%d q_regs=%d min_ctas=%d d_split=%d order=%d  %7.3f "
+      "ms  %6.1f TFLOP/s\n",
+      SWEEP_HDIM, int(causal), long(p.seqlen_q), BN, W, MT, ST, int(QR), MC, DS, order, med, sweep::tflops(p, causal, med));
 }
 
 // Under a causal mask also in ascending order.
@@ -59,6 +62,9 @@ int main() {
     time_variants<64, 4, 1, 1, false>(pr, causal);
     time_config<64, 4, 1, 1, true>(pr, causal);
     time_config<64, 8, 1, 2, false>(pr, causal);
+    time_config<64, 8, 2, 1, false, 1, 2>(pr, causal);  // the table's entry without a right bound
+    time_config<64, 4, 2, 1, false, 1, 2>(pr, causal);
+    time_config<64, 8, 2, 2, false, 1, 2>(pr, causal);
 #endif
   });
   return 0;
