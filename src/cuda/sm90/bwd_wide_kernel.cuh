@@ -86,6 +86,24 @@ struct WideBwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// acc += A B as one committed wgmma group, A = `vals` (fp32 accumulators of a 64 x kBlockM product,
+// fragment order) packed to 16 bits into `frag`, which the wgmma reads from registers until it
+// completes (the caller waits before reusing or releasing it).
+template <class T, int N>
+__device__ __forceinline__ void warpgroup_pack_issue_acc_rs(float (&acc)[N / 2], uint32_t (&frag)[T::kBlockM / 4],
+                                                           const float (&vals)[T::kBlockM / 2], uint64_t b_desc) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 4; ++j)
+    frag[j] = ptx::thread_pack2<typename T::Element>(vals[2 * j], vals[2 * j + 1]);
+  ptx::thread_pin(frag);
+  ptx::thread_pin(acc);
+  ptx::warpgroup_fence();
+  warpgroup_issue_acc_rs<T, N>(acc, frag, b_desc);
+  ptx::warpgroup_commit();
+}
+#endif
+
 // The barriers this kernel adds after the ring's: dO freed apart from Q, and in the ordered mode
 // the handshake between the consumers and the thread that keeps the CTA's dQ turns.
 struct WideBars {
@@ -135,7 +153,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
         blockIdx.z == gridDim.z - 1)
       sched.turns = TurnOrder::down;
   const int64_t n = kOrdered && sched.keys_descending() ? gridDim.x / 2 - 1 - blockIdx.x / 2 : blockIdx.x / 2;
-  const int half = int(blockIdx.x % 2);  // columns [H half, H half + H) of dK, dV and dQ
+  const int col_half = int(blockIdx.x % 2);  // columns [H col_half, H col_half + H) of dK, dV and dQ
   if (n >= cta.n_blocks) return;
   const auto ks = key_steps<BM, BN, kOrdered>(cta.mask, n, cta.group, sched.turns);
   const int wg = int(threadIdx.x) / 128;
@@ -171,7 +189,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       // this thread, and its gpu-scope release passes them on), and pass it.
       if (threadIdx.x / 32 == 1 && ptx::warp_elect_one())
         for (int s = 0; s < ks.steps; ++s) {
-          int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + half;
+          int* turn = ws.dq_turn + 2 * dq_tile(ws, cta, ks, s) + col_half;
           ptx::thread_wait_turn_bulk(turn, ordered_turn<BM, BN>(cta.mask, n, ks.m_of(s), sched.turns));
           ptx::thread_mbarrier_arrive(bars.granted());
           ptx::thread_mbarrier_wait(bars.added(), uint32_t(s) & 1u);
@@ -199,10 +217,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
   const uint64_t q_desc = ptx::make_smem_desc_sw128(ring.q, 16, 1024);
   const uint64_t do_desc = ptx::make_smem_desc_sw128(ring.dout, 16, 1024);
   // The CTA's columns of Q and dO (dK's and dV's MN-major B), and of K (dQ's).
-  const int half_off = half * (H / 64) * BM * 128;
+  const int half_off = col_half * (H / 64) * BM * 128;
   const uint64_t q_mn = ptx::make_smem_desc_sw128(ring.q + half_off, BM * 128, 1024);
   const uint64_t do_mn = ptx::make_smem_desc_sw128(ring.dout + half_off, BM * 128, 1024);
-  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + half * (H / 64) * BN * 128, BN * 128, 1024);
+  const uint64_t kmn_desc = ptx::make_smem_desc_sw128(ring.k + col_half * (H / 64) * BN * 128, BN * 128, 1024);
 
   float dk[H / 2], dv[H / 2];
 #pragma unroll
@@ -248,14 +266,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
       }
       thread_zero_hidden<BM / 2>(masked, vis, st);
       uint32_t pf[BM / 4], dsf[BM / 4];
-#pragma unroll
-      for (int j = 0; j < BM / 4; ++j) pf[j] = ptx::thread_pack2<E>(st[2 * j], st[2 * j + 1]);
       // dV[:, cols] += P^T dO[:, cols] while dS^T is computed.
-      ptx::thread_pin(pf);
-      ptx::thread_pin(dv);
-      ptx::warpgroup_fence();
-      warpgroup_issue_acc_rs<T, H>(dv, pf, do_mn);
-      ptx::warpgroup_commit();
+      warpgroup_pack_issue_acc_rs<T, H>(dv, pf, st, do_mn);
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
         float ds = st[i] * (dp[i] - delta[8 * (i >> 2) + 2 * t + (i & 1)]);
@@ -263,13 +275,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
         dp[i] = ds;
       }
       thread_zero_hidden<BM / 2>(masked, vis, dp);
-#pragma unroll
-      for (int j = 0; j < BM / 4; ++j) dsf[j] = ptx::thread_pack2<E>(dp[2 * j], dp[2 * j + 1]);
-      ptx::thread_pin(dsf);
-      ptx::thread_pin(dk);
-      ptx::warpgroup_fence();
-      warpgroup_issue_acc_rs<T, H>(dk, dsf, q_mn);
-      ptx::warpgroup_commit();
+      warpgroup_pack_issue_acc_rs<T, H>(dk, dsf, dp, q_mn);
       // dV has completed: dO and delta are free.
       ptx::warpgroup_wait<1>();
       thread_release_stage_at(do_empty, dv, pf);
@@ -288,9 +294,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
                                      kmn_desc + uint64_t((cwg * BN * 128) >> 4));
         ptx::warpgroup_wait<0>();
         ptx::thread_pin(dq);
-        // The CTA's float4 c = 8 cwg + j of this thread sits at ((c * 2 + half) * 128 + tid) * 4
+        // The CTA's float4 c = 8 cwg + j of this thread sits at ((c * 2 + col_half) * 128 + tid) * 4
         // of the workspace tile (the column-split order backward_convert_dq_kernel reads).
-        float* dst = ws.dq_accum + int64_t(tile) * BM * D + ((8 * cwg * 2 + half) * 128 + tid) * 4;
+        float* dst = ws.dq_accum + int64_t(tile) * BM * D + ((8 * cwg * 2 + col_half) * 128 + tid) * 4;
         if constexpr (kOrdered) ptx::thread_mbarrier_wait(bars.granted(), phase);
 #pragma unroll
         for (int j = 0; j < H / 16; ++j)
@@ -301,7 +307,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_wide_kernel(const __g
     }
     if (tid == 0) ptx::thread_mbarrier_arrive(ring.kv_empty);
   }
-  thread_store_dk_dv<E>(p, cta, key0, 64, key_a, half * H, t, dk, dv);
+  thread_store_dk_dv<E>(p, cta, key0, 64, key_a, col_half * H, t, dk, dv);
 #endif
 }
 
