@@ -48,7 +48,7 @@ struct TensorView {
   int64_t shape[kMaxRank] = {};
   int64_t stride[kMaxRank] = {};  // in elements
 
-  bool defined() const { return rank > 0; }
+  bool defined() const { return rank != 0; }  // a negative rank is present (and rejected)
   int64_t numel() const;
   // A row-major (contiguous) view.
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
@@ -110,7 +110,10 @@ struct BackwardArgs {
 //                  cache_seqlens (written in place) before attention
 //   out [batch, seqlen_new, heads_q, head_dim], lse optional f32 [batch, heads_q, seqlen_new]
 // The keys a sequence attends to are its cache_seqlens[b] (+ seqlen_new when appending) tokens;
-// causal and windows are bottom-right aligned over them.
+// causal and windows are bottom-right aligned over them. Sequences may share pages they read (a
+// common prefix); a slot a sequence appends to must hold no other token, of any sequence (decode
+// and plan_decode reject such a block table; a planned run does not check it, and the results of
+// the sequences involved are then unspecified, with no access outside the tensors).
 struct DecodeArgs {
   TensorView q;
   TensorView k_cache, v_cache;

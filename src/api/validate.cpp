@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -506,6 +507,40 @@ core::DecodeParams validate_decode_shapes(const DecodeArgs& a) {
 
 int64_t decode_capacity(const core::DecodeParams& p) { return p.paged ? p.max_pages_per_seq * p.page_size : p.page_size; }
 
+namespace {
+
+// With a paged cache, sequences may share pages (a common prefix), but a slot a sequence appends to
+// must hold no other token, of another sequence or of its own through a page its table lists
+// twice: the step appends before it attends, so that token would be overwritten. Checked per page
+// the appends touch (at most batch * seqlen_new slots), against every page the sequences use.
+void check_append_targets(const Checker& c, const core::DecodeParams& p, const std::vector<int32_t>& lens,
+                          const std::vector<int32_t>& table) {
+  struct Target {
+    int64_t b, token;
+  };
+  std::unordered_map<int32_t, std::vector<Target>> written;  // page id -> the appends into it
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t t = lens[size_t(b)]; t < lens[size_t(b)] + p.seqlen_new; ++t)
+      written[table[size_t(b * p.max_pages_per_seq + t / p.page_size)]].push_back({b, t});
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t end = lens[size_t(b)] + p.seqlen_new;  // tokens this sequence holds after its append
+    for (int64_t j = 0; j * p.page_size < end; ++j) {
+      auto hit = written.find(table[size_t(b * p.max_pages_per_seq + j)]);
+      if (hit == written.end()) continue;
+      for (const Target& w : hit->second) {
+        const int64_t mine = j * p.page_size + w.token % p.page_size;  // b's token in that slot
+        if ((w.b != b || mine != w.token) && mine < end)
+          c.fail("block_table", "page " + std::to_string(hit->first) + " slot " + std::to_string(w.token % p.page_size) +
+                                    " is where sequence " + std::to_string(w.b) + " appends its token " +
+                                    std::to_string(w.token) + ", but it also holds token " + std::to_string(mine) +
+                                    " of sequence " + std::to_string(b) + ": an appended slot must hold one token only");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 int64_t validate_decode_indices(const DecodeArgs& a, const core::DecodeParams& p, int64_t max_cache_seqlen) {
   Checker c("decode");
   std::vector<int32_t> lens = read_indices(c, a.cache_seqlens, "cache_seqlens");
@@ -534,6 +569,7 @@ int64_t validate_decode_indices(const DecodeArgs& a, const core::DecodeParams& p
     }
     longest = std::max(longest, len);
   }
+  if (p.paged && p.append) check_append_targets(c, p, lens, table);
   return longest;
 }
 

@@ -27,8 +27,14 @@ struct Rounder {
       default: return x;
     }
   }
-  // Softmax statistics of a plain implementation are fp32 even for 16-bit inputs.
-  double stat(double x) const { return precision == Precision::f64 ? x : double(float(x)); }
+  // A plain implementation's accumulators (dot products, sums) and softmax statistics: fp32, also
+  // for 16-bit inputs (fp64 for f64 inputs), rounded after every addition. Sums in double made
+  // the f32 "plain" error only its storage rounding, which no f32 implementation attains once
+  // scores grow (a scale several times 1/sqrt(d): found by tests/fuzz).
+  double acc(double x) const {
+    return precision == Precision::f64 || dtype == DType::f64 ? x : double(float(x));
+  }
+  double stat(double x) const { return acc(x); }
 };
 
 struct Mask {
@@ -50,7 +56,7 @@ struct HeadProblem {
 double score(const HeadProblem& h, int64_t i, int64_t j, double scale, double softcap, const Rounder& rnd,
              double* tanh_out = nullptr) {
   double s = 0;
-  for (int64_t x = 0; x < h.d; ++x) s += h.q[size_t(i * h.d + x)] * h.k[size_t(j * h.d + x)];
+  for (int64_t x = 0; x < h.d; ++x) s = rnd.acc(s + h.q[size_t(i * h.d + x)] * h.k[size_t(j * h.d + x)]);
   s = rnd(rnd(s) * scale);
   if (softcap > 0) {
     double t = std::tanh(s / softcap);
@@ -76,7 +82,7 @@ double probabilities(const HeadProblem& h, int64_t i, const Mask& m, double scal
   if (mx == -kInf) return -kInf;
   double sum = 0;
   for (int64_t j = 0; j < h.sk; ++j)
-    if (s[size_t(j)] != -kInf) sum += std::exp(s[size_t(j)] - mx);
+    if (s[size_t(j)] != -kInf) sum = rnd.acc(sum + rnd.acc(std::exp(s[size_t(j)] - mx)));
   sum = rnd.stat(sum);
   for (int64_t j = 0; j < h.sk; ++j)
     if (s[size_t(j)] != -kInf) p[size_t(j)] = rnd(std::exp(s[size_t(j)] - mx) / sum);
@@ -92,7 +98,7 @@ void attend(const HeadProblem& h, const Mask& m, double scale, double softcap, c
     for (int64_t x = 0; x < h.d; ++x) {
       double o = 0;
       for (int64_t j = 0; j < h.sk; ++j)
-        if (p[size_t(j)] != 0) o += p[size_t(j)] * h.v[size_t(j * h.d + x)];
+        if (p[size_t(j)] != 0) o = rnd.acc(o + p[size_t(j)] * h.v[size_t(j * h.d + x)]);
       out[i * out_row_stride + x] = rnd(o);
     }
     lse[i * lse_stride] = l;
@@ -191,9 +197,9 @@ Grads backward(const BackwardArgs& a, Precision precision) {
         for (int64_t j = 0; j < sp.sk; ++j) {
           if (P[size_t(j)] == 0) continue;
           double s = 0;
-          for (int64_t x = 0; x < d; ++x) s += dO[size_t(i * d + x)] * hp.v[size_t(j * d + x)];
+          for (int64_t x = 0; x < d; ++x) s = rnd.acc(s + dO[size_t(i * d + x)] * hp.v[size_t(j * d + x)]);
           dP[size_t(j)] = rnd(s);
-          D += P[size_t(j)] * dP[size_t(j)];
+          D = rnd.acc(D + P[size_t(j)] * dP[size_t(j)]);
         }
         D = rnd.stat(D);
         for (int64_t j = 0; j < sp.sk; ++j) {
@@ -205,9 +211,9 @@ Grads backward(const BackwardArgs& a, Precision precision) {
           double* dk = g.dk.data() + ((krow0 + j) * hk_n + hk) * d;
           double* dv = g.dv.data() + ((krow0 + j) * hk_n + hk) * d;
           for (int64_t x = 0; x < d; ++x) {
-            dq[x] += ds * hp.k[size_t(j * d + x)];
-            dk[x] += ds * hp.q[size_t(i * d + x)];
-            dv[x] += P[size_t(j)] * dO[size_t(i * d + x)];
+            dq[x] = rnd.acc(dq[x] + ds * hp.k[size_t(j * d + x)]);
+            dk[x] = rnd.acc(dk[x] + ds * hp.q[size_t(i * d + x)]);
+            dv[x] = rnd.acc(dv[x] + P[size_t(j)] * dO[size_t(i * d + x)]);
           }
         }
       }

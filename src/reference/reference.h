@@ -18,7 +18,8 @@ namespace flashattn::reference {
 enum class Precision {
   f64,         // every step in double: the ground truth
   same_as_input  // a plain implementation in the input's precision: S, P and O rounded to the input
-                 // dtype after each step, fp32 accumulation (what the accuracy rule compares with)
+                 // dtype after each step, fp32 accumulation (fp64 for f64 inputs) rounded after every
+                 // add (what the accuracy rule compares with)
 };
 
 struct Output {

@@ -263,6 +263,15 @@ TEST(Errors, ForwardNullData) {
   }
 }
 
+// A negative rank is not "absent" (rank 0): an optional tensor with one is rejected, not skipped
+// (found by tests/fuzz).
+TEST(Errors, ForwardNegativeRankOfAnOptionalTensor) {
+  ForwardProblem p;
+  auto a = p.args;
+  a.lse.rank = -1;
+  p.expect(a, "lse");
+}
+
 TEST(Errors, ForwardWindowAndCausalOptions) {
   ForwardProblem p;
   auto a = p.args;
@@ -493,6 +502,27 @@ TEST(Errors, DecodeCacheSeqlensPastCapacity) {
   DecodeProblem p3;
   p3.set(p3.lens, {-1, 9});
   p3.expect(p3.args, "cache_seqlens");
+}
+
+// Sequences may share pages they only read (a common prefix), but a slot one appends to must hold
+// no other token (found by tests/fuzz: the other sequence saw the new key, as the step appends
+// before it attends).
+TEST(Errors, DecodeAppendIntoASharedSlot) {
+  DecodeProblem p;  // lengths 5 and 9, pages of 4: sequence 0 appends token 5 to its page 1, slot 1
+  p.with_append();
+  p.set(p.table, {0, 1, 2, 3, 1, 5});  // sequence 1 holds tokens 4-7 in page 1 too
+  p.expect(p.args, "block_table");
+  p.set(p.table, {0, 1, 1, 3, 4, 5});  // sequence 0 lists page 1 twice; its token 9 is not used
+  EXPECT_NO_THROW(flashattn::api::validate_decode(p.args));
+  p.set(p.lens, {9, 5});  // ... but now its append (token 9) lands on its own token 5
+  p.expect(p.args, "block_table");
+  DecodeProblem shared;  // both read page 0 (a shared prefix of 4 tokens) and append to their own
+  shared.with_append();
+  shared.set(shared.table, {0, 1, 2, 0, 4, 5});
+  EXPECT_NO_THROW(flashattn::api::validate_decode(shared.args));
+  shared.args.k_new = shared.args.v_new = TensorView();  // and without an append any sharing is fine
+  shared.set(shared.table, {0, 1, 2, 0, 1, 5});
+  EXPECT_NO_THROW(flashattn::api::validate_decode(shared.args));
 }
 
 TEST(Errors, DecodeBadPageSize) {

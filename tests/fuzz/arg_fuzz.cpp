@@ -1,0 +1,703 @@
+// The argument fuzzer: one case of forward, backward, decode or merge_states on the CPU, built
+// from a fuzzer's bytes. A case is a valid problem (random sizes, layouts, options, varlen
+// batches with empty sequences, paged caches with shuffled pages and garbage in the unused block
+// table slots) with up to three mutations: a shape, stride, rank, dtype or device changed, an
+// index entry or an option made bad, a tensor dropped, a null or aliasing pointer.
+//
+// What must hold for every case (the API's promises, include/flashattn/flashattn.hpp):
+//   * the call returns or throws flashattn::Error, never anything else, and never touches memory
+//     outside the tensors (AddressSanitizer in the libFuzzer build: every buffer is exactly the
+//     span its view claims);
+//   * a rejected call names the argument and leaves every tensor as it was;
+//   * an accepted call leaves its inputs alone, writes nothing but elements of its outputs (and
+//     an append's slots of the cache), and is exact under the accuracy rule (fp64 reference);
+//   * what must always be rejected (negative strides, ranks or dtypes out of range, devices that
+//     differ, null data, outputs aliasing inputs) is.
+// Views whose span is not a sane allocation (overflowing or huge shapes) only go through the
+// validation, which must answer without undefined behaviour (UndefinedBehaviorSanitizer).
+#include "arg_fuzz.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <tuple>
+
+#include "api/validate.h"
+#include "core/numeric.h"
+#include "fuzz_tensors.h"
+#include "reference/reference.h"
+#include "test_util.h"
+
+namespace fa_fuzz {
+namespace {
+
+namespace ref = flashattn::reference;
+using flashattn::AttnOptions;
+using flashattn::DeviceType;
+
+constexpr size_t kMaxBytes = size_t(64) << 20;  // larger views are only validated
+
+void store(TensorView& v, int64_t off, double x) {
+  void* p = v.data;
+  switch (v.dtype) {
+    case DType::f16: static_cast<flashattn::core::half_t*>(p)[off] = flashattn::core::to_half(float(x)); break;
+    case DType::bf16: static_cast<flashattn::core::bfloat16_t*>(p)[off] = flashattn::core::to_bf16(float(x)); break;
+    case DType::f32: static_cast<float*>(p)[off] = float(x); break;
+    case DType::f64: static_cast<double*>(p)[off] = x; break;
+    case DType::i32: static_cast<int32_t*>(p)[off] = int32_t(x); break;
+  }
+}
+
+std::vector<double> values(const TensorView& v) {
+  std::vector<double> r(size_t(numel(v)));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = ref::load(v.data, v.dtype, offset_of(v, int64_t(i)));
+  return r;
+}
+
+DType lse_type(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// One case: its tensors, the options the mutations may spoil, and what the mutations did.
+struct Case {
+  std::vector<Tensor> tensors;
+  AttnOptions* options = nullptr;
+  int32_t* num_splits = nullptr;
+  bool attention_options = true;  // merge_states reads only num_threads and stream
+  int mutations = 0;
+  std::string must_reject;  // why the call must throw, if a mutation made that certain
+  std::string log;          // the mutations, for a failure's message
+
+  Tensor& add(const char* name, Role role, TensorView& view, std::vector<int32_t> ints = {}) {
+    tensors.push_back({});
+    Tensor& t = tensors.back();
+    t.name = name;
+    t.role = role;
+    t.view = &view;
+    t.ints = std::move(ints);
+    return t;
+  }
+  std::vector<Tensor*> present() {
+    std::vector<Tensor*> r;
+    for (Tensor& t : tensors)
+      if (t.view->rank != 0) r.push_back(&t);
+    return r;
+  }
+  void note(const std::string& what, const std::string& reject = "") {
+    log += (log.empty() ? "" : "; ") + what;
+    if (!reject.empty() && must_reject.empty()) must_reject = reject;
+    ++mutations;
+  }
+};
+
+void gen_options(ByteSource& in, AttnOptions& o) {
+  o.causal = in.chance(1, 3);
+  if (in.chance(1, 3)) o.window_left = in.in(0, 40);
+  if (!o.causal && in.chance(1, 3)) o.window_right = in.in(0, 40);
+  if (o.causal && in.chance(1, 4)) o.window_right = 0;
+  if (in.chance(1, 4)) o.softcap = float(in.in(1, 60)) / 4.f;
+  if (in.chance(1, 3)) o.softmax_scale = float(in.in(1, 64)) / 64.f;
+  o.num_threads = int32_t(in.below(4));
+}
+
+// One mutation of the views, the index contents or the options (before the buffers exist).
+void mutate_views(ByteSource& in, Case& c) {
+  std::vector<Tensor*> ts = c.present();
+  Tensor& t = *ts[size_t(in.below(int64_t(ts.size())))];
+  TensorView& v = *t.view;
+  const std::string at = std::string(t.name) + " ";
+  const int64_t big = int64_t(1) << 40, huge = std::numeric_limits<int64_t>::max();
+  switch (in.below(8)) {
+    case 0: {
+      int i = int(in.below(v.rank));
+      v.shape[i] = in.pick<int64_t>({0, v.shape[i] - 1, v.shape[i] + 1, 2 * v.shape[i] + 1, big, huge, -1});
+      c.note(at + "shape[" + std::to_string(i) + "] = " + std::to_string(v.shape[i]),
+             v.shape[i] < 0 ? "a negative size" : "");
+      break;
+    }
+    case 1: {
+      int i = int(in.below(v.rank));
+      v.stride[i] = in.pick<int64_t>({-1, 0, v.stride[i] + 1, v.stride[i] - 1, big, huge / 2});
+      c.note(at + "stride[" + std::to_string(i) + "] = " + std::to_string(v.stride[i]),
+             v.stride[i] < 0 && v.shape[i] > 0 ? "a negative stride" : "");
+      break;
+    }
+    case 2: {
+      const int r = in.pick<int>({v.rank - 1, v.rank + 1, 5, -1});
+      if (r > v.rank && r <= flashattn::kMaxRank) v.shape[r - 1] = 1, v.stride[r - 1] = 1;
+      v.rank = r;
+      c.note(at + "rank = " + std::to_string(r), r < 0 || r > flashattn::kMaxRank ? "a rank out of range" : "");
+      break;
+    }
+    case 3: {
+      int d = in.pick<int>({0, 1, 2, 3, 4, 7, -1});
+      v.dtype = DType(d);
+      c.note(at + "dtype = " + std::to_string(d), d < 0 || d > 4 ? "an unknown dtype" : "");
+      break;
+    }
+    case 4:
+      if (&t == &c.tensors.front()) break;  // the first tensor sets the device the rest must share
+      v.device = in.chance(1, 2) ? DeviceType::cuda : DeviceType(9);
+      c.note(at + "device = " + std::to_string(int(v.device)), "a tensor on another device");
+      break;
+    case 5: {
+      std::vector<Tensor*> idx;
+      for (Tensor* p : ts)
+        if (p->role == Role::index && !p->ints.empty()) idx.push_back(p);
+      if (idx.empty()) break;
+      Tensor& x = *idx[size_t(in.below(int64_t(idx.size())))];
+      int32_t& e = x.ints[size_t(in.below(int64_t(x.ints.size())))];
+      e = in.pick<int32_t>({-1, -7, e + 1, e - 1, e + 17, 1 << 30, std::numeric_limits<int32_t>::max(),
+                            std::numeric_limits<int32_t>::min()});
+      c.note(std::string(x.name) + " entry = " + std::to_string(e));
+      break;
+    }
+    case 6: {
+      AttnOptions& o = *c.options;
+      const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+      switch (c.attention_options ? in.below(7) : 5) {
+        case 0: o.softmax_scale = in.pick<float>({nan, inf, -1.f}); c.note("softmax_scale bad", "a bad scale"); break;
+        case 1: o.softcap = in.pick<float>({nan, inf, -0.5f}); c.note("softcap bad", "a bad softcap"); break;
+        case 2: o.window_left = in.pick<int64_t>({-2, -huge}); c.note("window_left < -1", "a bad window"); break;
+        case 3: o.window_right = in.pick<int64_t>({-2, -huge}); c.note("window_right < -1", "a bad window"); break;
+        case 4: o.causal = true; o.window_right = in.in(1, 9); c.note("causal with window_right > 0", "a bad window"); break;
+        case 5: o.num_threads = -1; c.note("num_threads = -1", "a negative thread count"); break;
+        default:
+          if (!c.num_splits) break;
+          *c.num_splits = in.pick<int32_t>({-1, flashattn::kMaxSplits + 1, 1000});
+          c.note("num_splits = " + std::to_string(*c.num_splits), "a split count out of range");
+      }
+      break;
+    }
+    default:
+      v.rank = 0;
+      c.note(at + "dropped");
+  }
+}
+
+// Pointer mutations, once the buffers exist: null data, or an output pointed at an input.
+void mutate_pointers(ByteSource& in, Case& c) {
+  std::vector<Tensor*> ts = c.present(), outs, ins;
+  for (Tensor* t : ts) (t->role == Role::output ? outs : ins).push_back(t);
+  if (in.chance(1, 2)) {
+    Tensor& t = *ts[size_t(in.below(int64_t(ts.size())))];
+    t.view->data = nullptr;
+    c.note(std::string(t.name) + " data = null", numel(*t.view) > 0 ? "null data" : "");
+  } else if (!outs.empty() && !ins.empty()) {
+    Tensor& o = *outs[size_t(in.below(int64_t(outs.size())))];
+    Tensor& i = *ins[size_t(in.below(int64_t(ins.size())))];
+    o.view->data = i.view->data;
+    c.note(std::string(o.name) + " aliases " + i.name,
+           numel(*o.view) > 0 && numel(*i.view) > 0 ? "an output aliasing an input" : "");
+  }
+}
+
+std::string describe(const Case& c, const std::string& op) {
+  std::ostringstream s;
+  s << op << " [";
+  for (const Tensor& t : c.tensors) {
+    if (t.view->rank == 0) continue;
+    s << " " << t.name << flashattn::dtype_name(t.view->dtype) << "(";
+    for (int i = 0; i < t.view->rank; ++i) s << (i ? "," : "") << t.view->shape[i] << ":" << t.view->stride[i];
+    s << ")";
+  }
+  const AttnOptions& o = *c.options;
+  s << " ] causal " << o.causal << " window " << o.window_left << "," << o.window_right << " softcap " << o.softcap
+    << " scale " << o.softmax_scale << (c.log.empty() ? "" : " | mutations: " + c.log);
+  return s.str();
+}
+
+// The common part of every operation's case: buffers, the reference, the call, and the checks of
+// what a call may write. `prepare` sets contents that depend on other tensors (a backward's out
+// and lse, the cache slots no sequence holds); `reference` runs before the call (an append changes the cache); `call`
+// runs the engine; `check` compares an accepted call's results; `expected_inout` says what the
+// bytes of a read-and-written tensor must be after an accepted call.
+struct Run {
+  std::function<void()> validate, prepare, reference, call;
+  std::function<std::string()> check;
+  std::function<void(Tensor&, std::vector<unsigned char>&)> expected_inout;
+};
+
+std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& run, std::mt19937& rng) {
+  for (Tensor* t : c.present()) {
+    std::optional<size_t> span = span_bytes(*t->view, kMaxBytes);
+    if (!span) {  // not allocatable: the validation alone must answer, and sanely
+      try {
+        run.validate();
+      } catch (const flashattn::Error&) {
+        return "";
+      }
+      return c.must_reject.empty() ? "" : describe(c, op) + ": validation accepted " + c.must_reject;
+    }
+    materialize(*t, *span, rng, store);
+  }
+  if (in.chance(1, 6)) mutate_pointers(in, c);
+  const std::string what = describe(c, op);
+  if (run.prepare) run.prepare();
+  for (Tensor* t : c.present()) t->before.assign(t->bytes.get(), t->bytes.get() + t->size);
+  bool ref_ok = true;
+  try {
+    run.reference();
+  } catch (const flashattn::Error&) {
+    ref_ok = false;
+  }
+  try {
+    run.call();
+  } catch (const flashattn::Error& e) {
+    const std::string msg = e.what();
+    if (e.status() != flashattn::Status::invalid_argument)
+      return what + ": rejected with status " + std::to_string(int(e.status())) + " (" + msg + ")";
+    if (msg.find("argument '") == std::string::npos) return what + ": the error names no argument: " + msg;
+    if (ref_ok) return what + ": the engine rejected what the reference accepted: " + msg;
+    if (c.mutations == 0) return what + ": a valid case was rejected: " + msg;
+    for (Tensor* t : c.present())
+      if (t->size && std::memcmp(t->bytes.get(), t->before.data(), t->size) != 0)
+        return what + ": rejected (" + msg + ") but '" + t->name + "' was written";
+    return "";
+  } catch (const std::exception& e) {
+    return what + ": threw something other than flashattn::Error: " + e.what();
+  }
+  if (!c.must_reject.empty()) return what + ": accepted " + c.must_reject;
+  if (!ref_ok) return what + ": the engine accepted what the reference rejected";
+  for (Tensor* t : c.present()) {
+    if (!t->size) continue;
+    const unsigned char* now = t->bytes.get();
+    if (t->role == Role::output) {
+      for (size_t b = 0; b < t->size; ++b)
+        if (!t->element[b] && now[b] != t->before[b])
+          return what + ": wrote byte " + std::to_string(b) + " of '" + t->name + "', which is no element of it";
+    } else if (t->role == Role::inout) {
+      std::vector<unsigned char> want = t->before;
+      run.expected_inout(*t, want);
+      if (std::memcmp(now, want.data(), t->size) != 0) return what + ": '" + t->name + "' is not as the append leaves it";
+    } else if (std::memcmp(now, t->before.data(), t->size) != 0) {
+      return what + ": wrote to the input '" + t->name + "'";
+    }
+  }
+  std::string bad = run.check();
+  return bad.empty() ? "" : what + ": " + bad;
+}
+
+std::string rule(const std::vector<double>& got, const std::vector<double>& exact, const std::vector<double>& plain,
+                 DType t, double factor, const char* name) {
+  ::testing::AssertionResult r = fa_test::within_rule(got, exact, plain, t, factor, name);
+  return r ? "" : r.message();
+}
+
+// Sizes of an attention problem: dtype, head dim, heads, and sequence lengths.
+struct Dims {
+  DType dtype;
+  int64_t d, hq, hkv;
+};
+
+Dims gen_dims(ByteSource& in) {
+  Dims s;
+  s.dtype = in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
+  s.d = in.pick<int64_t>({32, 40, 64, 72, 128, 256});
+  s.hkv = in.in(1, 2);
+  s.hq = s.hkv * in.in(1, 3);
+  return s;
+}
+
+// Sequence lengths of a varlen batch (empty ones among them) or of a padded one.
+std::vector<int32_t> gen_cu(ByteSource& in, int64_t batch, int64_t most) {
+  std::vector<int32_t> cu{0};
+  for (int64_t b = 0; b < batch; ++b) cu.push_back(cu.back() + int32_t(in.chance(1, 4) ? 0 : in.in(1, most)));
+  return cu;
+}
+
+// q, k, v (and their varlen cu_seqlens) of a forward or backward case, added to c.
+struct AttnViews {
+  TensorView q, k, v, cu_q, cu_k;
+  int64_t total_q = 0, batch = 0, seqlen_q = 0;
+  bool varlen = false;
+};
+
+void gen_attention(ByteSource& in, Case& c, const Dims& s, AttnViews& a) {
+  a.varlen = in.chance(1, 3);
+  if (a.varlen) {
+    a.batch = in.in(1, 4);
+    std::vector<int32_t> cq = gen_cu(in, a.batch, 33), ck = gen_cu(in, a.batch, 40);
+    a.total_q = cq.back();
+    a.q = make_view(in, s.dtype, {cq.back(), s.hq, s.d}, true);
+    a.k = make_view(in, s.dtype, {ck.back(), s.hkv, s.d}, true);
+    a.v = make_view(in, s.dtype, {ck.back(), s.hkv, s.d}, true);
+    a.cu_q = index_view({a.batch + 1});
+    a.cu_k = index_view({a.batch + 1});
+    c.add("q", Role::input, a.q);
+    c.add("k", Role::input, a.k);
+    c.add("v", Role::input, a.v);
+    c.add("cu_seqlens_q", Role::index, a.cu_q, cq);
+    c.add("cu_seqlens_k", Role::index, a.cu_k, ck);
+  } else {
+    a.batch = in.in(1, 3);
+    a.seqlen_q = in.pick<int64_t>({1, 17, in.in(0, 48)});
+    const int64_t sk = in.pick<int64_t>({1, 17, in.in(0, 48)});
+    a.total_q = a.batch * a.seqlen_q;
+    a.q = make_view(in, s.dtype, {a.batch, a.seqlen_q, s.hq, s.d}, true);
+    a.k = make_view(in, s.dtype, {a.batch, sk, s.hkv, s.d}, true);
+    a.v = make_view(in, s.dtype, {a.batch, sk, s.hkv, s.d}, true);
+    c.add("q", Role::input, a.q);
+    c.add("k", Role::input, a.k);
+    c.add("v", Role::input, a.v);
+  }
+}
+
+TensorView lse_view(ByteSource& in, const Dims& s, const AttnViews& a) {
+  return a.varlen ? make_view(in, lse_type(s.dtype), {s.hq, a.total_q}, false)
+                  : make_view(in, lse_type(s.dtype), {a.batch, s.hq, a.seqlen_q}, false);
+}
+
+int mutation_count(ByteSource& in) { return in.chance(1, 2) ? 0 : int(in.in(1, 3)); }
+
+std::string fuzz_forward(ByteSource& in, std::mt19937& rng) {
+  Case c;
+  flashattn::ForwardArgs args;
+  const Dims s = gen_dims(in);
+  AttnViews a;
+  gen_attention(in, c, s, a);
+  args.out = a.q;
+  set_strides(in, args.out, false);
+  c.add("out", Role::output, args.out);
+  if (in.chance(2, 3)) {
+    args.lse = lse_view(in, s, a);
+    c.add("lse", Role::output, args.lse);
+  }
+  gen_options(in, args.options);
+  c.options = &args.options;
+  for (int m = mutation_count(in); m > 0; --m) mutate_views(in, c);
+  args.q = a.q;  // the views live in `a` until now so that the mutations reach them through c
+  ref::Output exact, plain;
+  Run run;
+  auto sync = [&] {
+    args.q = a.q, args.k = a.k, args.v = a.v, args.cu_seqlens_q = a.cu_q, args.cu_seqlens_k = a.cu_k;
+  };
+  run.validate = [&] { sync(); flashattn::api::validate_forward(args); };
+  run.reference = [&] {
+    sync();
+    exact = ref::forward(args, ref::Precision::f64);
+    plain = ref::forward(args, ref::Precision::same_as_input);
+  };
+  run.call = [&] { sync(); flashattn::forward(args); };
+  run.check = [&] {
+    std::string r = rule(values(args.out), exact.out, plain.out, s.dtype, 2.0, "out");
+    if (r.empty() && args.lse.rank) r = rule(values(args.lse), exact.lse, plain.lse, s.dtype, 2.0, "lse");
+    return r;
+  };
+  return conclude(in, c, "forward", run, rng);
+}
+
+// Writes values (logical order) into t through its view, if the view still points at t's bytes.
+void write_values(Tensor& t, const std::vector<double>& v) {
+  if (t.view->data != t.bytes.get() || !t.size) return;
+  for (int64_t i = 0; i < numel(*t.view) && size_t(i) < v.size(); ++i) store(*t.view, offset_of(*t.view, i), v[size_t(i)]);
+}
+
+Tensor* find(Case& c, const char* name) {
+  for (Tensor& t : c.tensors)
+    if (std::string(t.name) == name) return &t;
+  return nullptr;
+}
+
+std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
+  Case c;
+  flashattn::BackwardArgs args;
+  const Dims s = gen_dims(in);
+  AttnViews a;
+  gen_attention(in, c, s, a);
+  // out and lse are the forward's (written in `prepare`), so no broadcast layouts for them.
+  args.out = a.q;
+  set_strides(in, args.out, false);
+  args.lse = lse_view(in, s, a);
+  args.dout = a.q;
+  set_strides(in, args.dout, true);
+  args.dq = a.q;
+  set_strides(in, args.dq, false);
+  args.dk = a.k;
+  set_strides(in, args.dk, false);
+  args.dv = a.k;
+  set_strides(in, args.dv, false);
+  c.add("out", Role::input, args.out);
+  c.add("lse", Role::input, args.lse);
+  c.add("dout", Role::input, args.dout);
+  c.add("dq", Role::output, args.dq);
+  c.add("dk", Role::output, args.dk);
+  c.add("dv", Role::output, args.dv);
+  gen_options(in, args.options);
+  args.deterministic = in.chance(1, 2);
+  c.options = &args.options;
+  for (int m = mutation_count(in); m > 0; --m) mutate_views(in, c);
+  ref::Grads exact, plain;
+  auto sync = [&] {
+    args.q = a.q, args.k = a.k, args.v = a.v, args.cu_seqlens_q = a.cu_q, args.cu_seqlens_k = a.cu_k;
+  };
+  Run run;
+  run.validate = [&] { sync(); flashattn::api::validate_backward(args); };
+  run.prepare = [&] {
+    sync();
+    flashattn::ForwardArgs f;
+    f.q = args.q, f.k = args.k, f.v = args.v, f.cu_seqlens_q = args.cu_seqlens_q, f.cu_seqlens_k = args.cu_seqlens_k;
+    f.out = args.out, f.lse = args.lse, f.options = args.options;  // the reference only reads them
+    try {
+      ref::Output o = ref::forward(f, ref::Precision::f64);
+      write_values(*find(c, "out"), o.out);
+      write_values(*find(c, "lse"), o.lse);
+    } catch (const flashattn::Error&) {
+    }
+  };
+  run.reference = [&] {
+    sync();
+    exact = ref::backward(args, ref::Precision::f64);
+    plain = ref::backward(args, ref::Precision::same_as_input);
+  };
+  run.call = [&] { sync(); flashattn::backward(args); };
+  // The rule for gradients; in f32 also 1e-4, absolute and relative to the largest gradient. A
+  // backward starts from the forward's stored lse and out, which the plain implementation does not:
+  // half an ulp of |lse| (1.9e-6 at 30, with large scales) is a relative error of that size in every
+  // P = exp(S - lse), and D = rowsum(dO o O) cancels against dO V^T to a rounding error that grows
+  // with the terms, not the gradient (all-zero gradients with one key, or one broadcast V row)
+  // where the plain computation, with an O of its own, may cancel exactly. The f64 cases (the same
+  // engine code) and the 16-bit ones hold the plain rule.
+  run.check = [&]() -> std::string {
+    for (auto [got, want, base, name] : {std::tuple{&args.dq, &exact.dq, &plain.dq, "dq"}, {&args.dk, &exact.dk, &plain.dk, "dk"},
+                                         {&args.dv, &exact.dv, &plain.dv, "dv"}}) {
+      double g_max = 0;
+      for (double x : *want) g_max = std::max(g_max, std::fabs(x));
+      const double err = fa_test::max_abs_diff(values(*got), *want), plain_err = fa_test::max_abs_diff(*base, *want);
+      const double bound = 3 * plain_err + fa_test::default_atol(s.dtype) + (s.dtype == DType::f32 ? 1e-4 * (1 + g_max) : 0);
+      if (!(err <= bound))
+        return std::string(name) + ": max error " + std::to_string(err) + " exceeds " + std::to_string(bound) +
+               " (3 x plain error " + std::to_string(plain_err) + " + atol; largest gradient " + std::to_string(g_max) + ")";
+    }
+    return "";
+  };
+  return conclude(in, c, "backward", run, rng);
+}
+
+// A random order of n page ids, from the bytes.
+std::vector<int32_t> shuffled(ByteSource& in, int64_t n) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t(i);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(ids[size_t(i)], ids[size_t(in.below(i + 1))]);
+  return ids;
+}
+
+std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
+  Case c;
+  flashattn::DecodeArgs args;
+  const Dims s = gen_dims(in);
+  const int64_t batch = in.in(1, 3), sn = in.in(1, 4);
+  const bool append = in.chance(1, 2), paged = in.chance(2, 3);
+  std::vector<int32_t> lens;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    lens.push_back(int32_t(in.pick<int64_t>({0, 1, in.in(0, 40)})));
+    longest = std::max<int64_t>(longest, lens.back() + (append ? sn : 0));
+  }
+  std::vector<int32_t> table;
+  int64_t pages_per_seq = 0;
+  if (paged) {
+    const int64_t page = in.pick<int64_t>({1, 2, 3, 16});
+    pages_per_seq = (longest + page - 1) / page + in.below(2);
+    const int64_t num_pages = batch * pages_per_seq + in.below(3);
+    std::vector<int32_t> ids = shuffled(in, num_pages);
+    // Slots past what a sequence uses hold garbage: the API reads only the pages the lengths use.
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t j = 0; j < pages_per_seq; ++j) {
+        const bool used = j * page < lens[size_t(b)] + (append ? sn : 0);
+        table.push_back(used ? ids[size_t(b * pages_per_seq + j)]
+                             : in.pick<int32_t>({-1, int32_t(num_pages), 1 << 30, ids[0]}));
+      }
+    args.k_cache = make_view(in, s.dtype, {num_pages, page, s.hkv, s.d}, false);
+  } else {
+    args.k_cache = make_view(in, s.dtype, {batch, longest + in.below(3), s.hkv, s.d}, false);
+  }
+  args.v_cache = args.k_cache;
+  set_strides(in, args.v_cache, false);
+  args.q = make_view(in, s.dtype, {batch, sn, s.hq, s.d}, true);
+  args.out = args.q;
+  set_strides(in, args.out, false);
+  c.add("q", Role::input, args.q);
+  c.add("k_cache", append ? Role::inout : Role::input, args.k_cache);
+  c.add("v_cache", append ? Role::inout : Role::input, args.v_cache);
+  if (append) {
+    args.k_new = make_view(in, s.dtype, {batch, sn, s.hkv, s.d}, true);
+    args.v_new = make_view(in, s.dtype, {batch, sn, s.hkv, s.d}, true);
+    c.add("k_new", Role::input, args.k_new);
+    c.add("v_new", Role::input, args.v_new);
+  }
+  args.cache_seqlens = index_view({batch});
+  c.add("cache_seqlens", Role::index, args.cache_seqlens, lens);
+  if (paged) {
+    args.block_table = index_view({batch, pages_per_seq});
+    c.add("block_table", Role::index, args.block_table, table);
+  }
+  c.add("out", Role::output, args.out);
+  if (in.chance(2, 3)) {
+    args.lse = make_view(in, lse_type(s.dtype), {batch, s.hq, sn}, false);
+    c.add("lse", Role::output, args.lse);
+  }
+  gen_options(in, args.options);
+  args.num_splits = in.pick<int32_t>({0, 1, 2, int32_t(in.in(1, 64))});
+  c.options = &args.options;
+  c.num_splits = &args.num_splits;
+  for (int m = mutation_count(in); m > 0; --m) mutate_views(in, c);
+  const bool planned = in.chance(1, 4);
+
+  // The cache row (page * page_size + slot) of token t of sequence b, or -1 where the indices do
+  // not name one (a mutated entry: the call must then reject).
+  auto row_of = [&](int64_t b, int64_t t) -> int64_t {
+    const TensorView& kc = args.k_cache;
+    if (!args.block_table.rank) return b * kc.shape[1] + t;
+    const int64_t ps = kc.shape[1], cols = args.block_table.shape[1];
+    if (t / ps >= cols) return -1;
+    int32_t id;
+    std::memcpy(&id, static_cast<const char*>(args.block_table.data) + 4 * (b * cols + t / ps), 4);
+    return id >= 0 && id < kc.shape[0] ? id * ps + t % ps : -1;
+  };
+  auto lens_now = [&] { return std::vector<int32_t>(static_cast<const int32_t*>(args.cache_seqlens.data),
+                                                    static_cast<const int32_t*>(args.cache_seqlens.data) + batch); };
+  ref::Output exact, plain;
+  Run run;
+  run.validate = [&] { flashattn::api::validate_decode(args); };
+  // Every cache row no sequence holds is NaN, so a read past a length shows in the results.
+  run.prepare = [&] {
+    for (const char* name : {"k_cache", "v_cache"}) {
+      Tensor& t = *find(c, name);
+      const TensorView& v = *t.view;
+      if (v.data != t.bytes.get() || !t.size || v.rank != 4 || args.cache_seqlens.data != find(c, "cache_seqlens")->bytes.get() ||
+          args.cache_seqlens.rank != 1 || args.cache_seqlens.shape[0] != batch)
+        continue;
+      if (args.block_table.rank && args.block_table.data != find(c, "block_table")->bytes.get()) continue;
+      const std::vector<int32_t> held = lens_now();
+      std::vector<bool> live(size_t(v.shape[0] * v.shape[1]), false);
+      for (int64_t b = 0; b < batch && (args.block_table.rank || b < v.shape[0]); ++b)
+        for (int64_t tok = 0; tok < held[size_t(b)] && (args.block_table.rank || tok < v.shape[1]); ++tok) {
+          const int64_t r = row_of(b, tok);
+          if (r >= 0) live[size_t(r)] = true;
+        }
+      for (int64_t r = 0; r < int64_t(live.size()); ++r)
+        if (!live[size_t(r)])
+          for (int64_t h = 0; h < v.shape[2]; ++h)
+            for (int64_t e = 0; e < v.shape[3]; ++e)
+              store(*t.view, (r / v.shape[1]) * v.stride[0] + (r % v.shape[1]) * v.stride[1] + h * v.stride[2] + e * v.stride[3],
+                    std::numeric_limits<double>::quiet_NaN());
+    }
+  };
+  run.reference = [&] {
+    exact = ref::decode(args, ref::Precision::f64);
+    plain = ref::decode(args, ref::Precision::same_as_input);
+  };
+  run.call = [&] {
+    if (!planned) return flashattn::decode(args);
+    flashattn::DecodePlan plan = flashattn::plan_decode(args);
+    flashattn::decode(args, plan, nullptr);
+  };
+  // An accepted append wrote k_new / v_new at tokens [len, len + sn) of each sequence, nothing else.
+  run.expected_inout = [&](Tensor& t, std::vector<unsigned char>& want) {
+    const TensorView& cache = *t.view;
+    const TensorView& src = std::string(t.name) == "k_cache" ? args.k_new : args.v_new;
+    const int64_t esize = flashattn::dtype_size(cache.dtype);
+    const std::vector<int32_t> held = lens_now();
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < sn; ++i) {
+        const int64_t r = row_of(b, held[size_t(b)] + i);
+        for (int64_t h = 0; h < cache.shape[2]; ++h)
+          for (int64_t e = 0; e < cache.shape[3]; ++e) {
+            const int64_t to = (r / cache.shape[1]) * cache.stride[0] + (r % cache.shape[1]) * cache.stride[1] +
+                               h * cache.stride[2] + e * cache.stride[3];
+            const int64_t from = b * src.stride[0] + i * src.stride[1] + h * src.stride[2] + e * src.stride[3];
+            std::memcpy(want.data() + to * esize, static_cast<const unsigned char*>(src.data) + from * esize, size_t(esize));
+          }
+      }
+  };
+  run.check = [&] {
+    std::string r = rule(values(args.out), exact.out, plain.out, s.dtype, 2.0, "out");
+    if (r.empty() && args.lse.rank) r = rule(values(args.lse), exact.lse, plain.lse, s.dtype, 2.0, "lse");
+    return r;
+  };
+  return conclude(in, c, planned ? "decode (planned)" : "decode", run, rng);
+}
+
+std::string fuzz_merge(ByteSource& in, std::mt19937& rng) {
+  Case c;
+  flashattn::MergeArgs args;
+  const DType dt = in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
+  const int64_t parts = in.in(1, 4), tokens = in.in(0, 5), heads = in.in(1, 3), d = in.in(1, 80);
+  args.o_parts = make_view(in, dt, {parts, tokens, heads, d}, true);
+  args.lse_parts = make_view(in, lse_type(dt), {parts, tokens, heads}, true);
+  args.out = make_view(in, dt, {tokens, heads, d}, false);
+  c.add("o_parts", Role::input, args.o_parts);
+  c.add("lse_parts", Role::input, args.lse_parts);
+  c.add("out", Role::output, args.out);
+  if (in.chance(2, 3)) {
+    args.lse = make_view(in, lse_type(dt), {tokens, heads}, false);
+    c.add("lse", Role::output, args.lse);
+  }
+  args.options.num_threads = int32_t(in.below(4));
+  c.options = &args.options;
+  c.attention_options = false;
+  for (int m = mutation_count(in); m > 0; --m) mutate_views(in, c);
+  std::vector<double> want_o, want_lse;
+  Run run;
+  run.validate = [&] { flashattn::api::validate_merge(args); };
+  // Parts scaled apart, a quarter of them empty (lse = -inf).
+  run.prepare = [&] {
+    Tensor& l = *find(c, "lse_parts");
+    if (l.view->data != l.bytes.get() || !l.size) return;
+    std::vector<double> v = values(*l.view);
+    for (double& x : v) x = rng() % 4 == 0 ? -std::numeric_limits<double>::infinity() : 4 * x;
+    write_values(l, v);
+  };
+  // The merge in double: weights exp(lse_p - max), an all-empty row gives 0 and -inf.
+  run.reference = [&] {
+    flashattn::api::validate_merge(args);
+    const std::vector<double> o = values(args.o_parts), l = values(args.lse_parts);
+    const int64_t rows = tokens * heads;
+    want_o.assign(size_t(rows * d), 0.0);
+    want_lse.assign(size_t(rows), -std::numeric_limits<double>::infinity());
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t p = 0; p < parts; ++p) m = std::max(m, l[size_t(p * rows + r)]);
+      if (m == -std::numeric_limits<double>::infinity()) continue;
+      double sum = 0;
+      for (int64_t p = 0; p < parts; ++p) {
+        const double w = std::exp(l[size_t(p * rows + r)] - m);
+        sum += w;
+        for (int64_t e = 0; e < d; ++e) want_o[size_t(r * d + e)] += w * o[size_t((p * rows + r) * d + e)];
+      }
+      for (int64_t e = 0; e < d; ++e) want_o[size_t(r * d + e)] /= sum;
+      want_lse[size_t(r)] = m + std::log(sum);
+    }
+  };
+  run.call = [&] { flashattn::merge_states(args); };
+  run.check = [&]() -> std::string {
+    const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : dt == DType::f16 ? 1.0 / 1024 : 1.0 / 128;
+    const std::vector<double> got = values(args.out);
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!(std::fabs(got[i] - want_o[i]) <= tol * (1 + std::fabs(want_o[i]))))
+        return "out[" + std::to_string(i) + "] = " + std::to_string(got[i]) + ", want " + std::to_string(want_o[i]);
+    if (!args.lse.rank) return "";
+    const double ltol = dt == DType::f64 ? 1e-12 : 1e-5;
+    const std::vector<double> lse = values(args.lse);
+    for (size_t i = 0; i < lse.size(); ++i)
+      if (!(lse[i] == want_lse[i] || std::fabs(lse[i] - want_lse[i]) <= ltol * (1 + std::fabs(want_lse[i]))))
+        return "lse[" + std::to_string(i) + "] = " + std::to_string(lse[i]) + ", want " + std::to_string(want_lse[i]);
+    return "";
+  };
+  return conclude(in, c, "merge_states", run, rng);
+}
+
+}  // namespace
+
+std::string run_case(const uint8_t* data, size_t size) {
+  ByteSource in(data, size);
+  std::mt19937 rng(uint32_t(in.byte() | in.byte() << 8));
+  switch (in.below(4)) {
+    case 0: return fuzz_forward(in, rng);
+    case 1: return fuzz_backward(in, rng);
+    case 2: return fuzz_decode(in, rng);
+    default: return fuzz_merge(in, rng);
+  }
+}
+
+}  // namespace fa_fuzz

@@ -1,0 +1,15 @@
+// The argument fuzzer's one entry point (tests/fuzz/arg_fuzz.cpp), shared by the libFuzzer target
+// (tests/fuzz/libfuzzer_main.cpp) and the randomized test in the CPU suite (tests/cpu/fuzz_test.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fa_fuzz {
+
+// Builds one case from the bytes, runs it on the CPU and checks the API's promises; returns what
+// was broken (with the case), or an empty string.
+std::string run_case(const uint8_t* data, size_t size);
+
+}  // namespace fa_fuzz
