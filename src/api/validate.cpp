@@ -17,7 +17,7 @@ namespace {
 std::string shape_str(const TensorView& t) {
   std::ostringstream s;
   s << "[";
-  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
+  for (int i = 0; i < std::min(t.rank, kMaxRank); ++i) s << (i ? ", " : "") << t.shape[i];
   s << "]";
   return s.str();
 }
@@ -38,21 +38,43 @@ class Checker {
   // Rank, shape (-1 = any), non-negative strides, non-null data when non-empty.
   void tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
               const char* layout) const {
+    tensor(t, name, shape.begin(), int(shape.size()), layout);
+  }
+  void tensor(const TensorView& t, const char* name, const int64_t* shape, int rank, const char* layout) const {
     require(t, name);
     if (t.rank < 1 || t.rank > kMaxRank) fail(name, "rank " + std::to_string(t.rank) + " is out of range");
-    if (t.rank != int(shape.size()))
-      fail(name, "expected rank " + std::to_string(shape.size()) + " " + layout + ", got rank " +
-                     std::to_string(t.rank) + " " + shape_str(t));
-    int i = 0;
-    for (int64_t want : shape) {
+    if (t.rank != rank)
+      fail(name, "expected rank " + std::to_string(rank) + " " + layout + ", got rank " + std::to_string(t.rank) + " " +
+                     shape_str(t));
+    for (int i = 0; i < rank; ++i) {
       if (t.shape[i] < 0) fail(name, "shape " + shape_str(t) + " has a negative size");
-      if (want >= 0 && t.shape[i] != want)
-        fail(name, "expected shape " + expected(shape) + " " + layout + ", got " + shape_str(t));
+      if (shape[i] >= 0 && t.shape[i] != shape[i])
+        fail(name, "expected shape " + expected(shape, rank) + " " + layout + ", got " + shape_str(t));
       if (t.stride[i] < 0) fail(name, "negative strides are not supported, got stride[" + std::to_string(i) + "] = " +
                                           std::to_string(t.stride[i]));
-      ++i;
     }
+    addressable(t, name);
     if (t.numel() > 0 && t.data == nullptr) fail(name, "data pointer is null for a non-empty tensor " + shape_str(t));
+  }
+
+  // The element count and the byte span of a non-empty view must be int64 numbers (every index the
+  // engines compute is one), so shapes and strides that overflow are an error, not a wrap-around.
+  void addressable(const TensorView& t, const char* name) const {
+    for (int i = 0; i < t.rank; ++i)
+      if (t.shape[i] == 0) return;  // empty: nothing is addressed
+    int64_t count = 1, last = 0;
+    bool overflow = false;
+    for (int i = 0; i < t.rank; ++i) {
+      int64_t reach = 0;
+      overflow |= __builtin_mul_overflow(count, t.shape[i], &count);
+      overflow |= __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &reach);
+      overflow |= __builtin_add_overflow(last, reach, &last);
+    }
+    int64_t bytes = 0;
+    overflow |= __builtin_add_overflow(last, 1, &last);  // elements spanned
+    overflow |= __builtin_mul_overflow(last, std::max<int64_t>(dtype_size(t.dtype), 1), &bytes);
+    if (overflow)
+      fail(name, "shape " + shape_str(t) + " and its strides address more than 2^63 elements or bytes");
   }
 
   void last_dim_contiguous(const TensorView& t, const char* name) const {
@@ -115,13 +137,12 @@ class Checker {
   }
 
  private:
-  static std::string expected(std::initializer_list<int64_t> shape) {
+  static std::string expected(const int64_t* shape, int rank) {
     std::ostringstream s;
     s << "[";
-    int i = 0;
-    for (int64_t v : shape) {
-      s << (i++ ? ", " : "");
-      if (v < 0) s << "*"; else s << v;
+    for (int i = 0; i < rank; ++i) {
+      s << (i ? ", " : "");
+      if (shape[i] < 0) s << "*"; else s << shape[i];
     }
     s << "]";
     return s.str();
@@ -295,14 +316,8 @@ void check_lse(const Checker& c, const TensorView& lse, const char* name, const 
 }
 
 void check_like(const Checker& c, const TensorView& t, const char* name, const TensorView& ref, const char* ref_name) {
-  c.require(t, name);
-  if (t.rank != ref.rank) c.fail(name, std::string("must have the shape of '") + ref_name + "' " + shape_str(ref) + ", got " + shape_str(t));
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] != ref.shape[i])
-      c.fail(name, std::string("must have the shape of '") + ref_name + "' " + shape_str(ref) + ", got " + shape_str(t));
-  for (int i = 0; i < t.rank; ++i)
-    if (t.stride[i] < 0) c.fail(name, "negative strides are not supported");
-  if (t.numel() > 0 && t.data == nullptr) c.fail(name, "data pointer is null for a non-empty tensor " + shape_str(t));
+  const std::string layout = std::string("(the shape of '") + ref_name + "')";
+  c.tensor(t, name, ref.shape, ref.rank, layout.c_str());
   c.dtype(t, name, ref.dtype);
   c.same_device(t, name, ref, ref_name);
   c.last_dim_contiguous(t, name);

@@ -1,6 +1,11 @@
 // Runtime CPU dispatch: what the CPU offers, and which table of tile kernels the engine uses.
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "api/backends.h"
 #include "cpu/simd.h"
@@ -14,25 +19,54 @@ struct Feature {
   bool present;
 };
 
-// __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 register state.
+// From cpuid and xgetbv rather than __builtin_cpu_supports, whose feature names differ between
+// compilers (clang 14 knows neither f16c nor amx-*). A vector extension counts only where the OS
+// also saves its registers (XCR0: SSE and AVX state for AVX, the three AVX-512 states for AVX-512,
+// the tile states for AMX).
+struct Features {
+  Feature list[13];
+};
+
+Features read_features() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __cpuid(0, a, b, c, d);
+  const unsigned max_leaf = a;
+  unsigned c1 = 0, b7 = 0, d7 = 0, a7_1 = 0;
+  __cpuid(1, a, b, c1, d);
+  if (max_leaf >= 7) {
+    __cpuid_count(7, 0, a, b7, c, d7);
+    __cpuid_count(7, 1, a7_1, b, c, d);
+  }
+  uint64_t xcr0 = 0;
+  if (c1 & (1u << 27)) {  // OSXSAVE: xgetbv is available
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = (uint64_t(hi) << 32) | lo;
+  }
+  const bool avx_os = (xcr0 & 0x6) == 0x6, avx512_os = avx_os && (xcr0 & 0xe0) == 0xe0;
+  const bool amx_os = (xcr0 & 0x60000) == 0x60000;
+  auto bit = [](unsigned r, int i) { return ((r >> i) & 1u) != 0; };
+  return {{
+      {"sse4.2", bit(c1, 20)},
+      {"avx", bit(c1, 28) && avx_os},
+      {"avx2", bit(b7, 5) && avx_os},
+      {"fma", bit(c1, 12) && avx_os},
+      {"f16c", bit(c1, 29) && avx_os},
+      {"avx512f", bit(b7, 16) && avx512_os},
+      {"avx512bw", bit(b7, 30) && avx512_os},
+      {"avx512dq", bit(b7, 17) && avx512_os},
+      {"avx512vl", bit(b7, 31) && avx512_os},
+      {"avx512bf16", bit(a7_1, 5) && avx512_os},
+      {"avx512fp16", bit(d7, 23) && avx512_os},
+      {"amx-tile", bit(d7, 24) && amx_os},
+      {"amx-bf16", bit(d7, 22) && amx_os},
+  }};
+}
+
 const Feature* cpu_features(int* count) {
-  static const Feature list[] = {
-      {"sse4.2", bool(__builtin_cpu_supports("sse4.2"))},
-      {"avx", bool(__builtin_cpu_supports("avx"))},
-      {"avx2", bool(__builtin_cpu_supports("avx2"))},
-      {"fma", bool(__builtin_cpu_supports("fma"))},
-      {"f16c", bool(__builtin_cpu_supports("f16c"))},
-      {"avx512f", bool(__builtin_cpu_supports("avx512f"))},
-      {"avx512bw", bool(__builtin_cpu_supports("avx512bw"))},
-      {"avx512dq", bool(__builtin_cpu_supports("avx512dq"))},
-      {"avx512vl", bool(__builtin_cpu_supports("avx512vl"))},
-      {"avx512bf16", bool(__builtin_cpu_supports("avx512bf16"))},
-      {"avx512fp16", bool(__builtin_cpu_supports("avx512fp16"))},
-      {"amx-tile", bool(__builtin_cpu_supports("amx-tile"))},
-      {"amx-bf16", bool(__builtin_cpu_supports("amx-bf16"))},
-  };
-  *count = int(sizeof(list) / sizeof(list[0]));
-  return list;
+  static const Features f = read_features();
+  *count = int(sizeof(f.list) / sizeof(f.list[0]));
+  return f.list;
 }
 
 bool has(const char* name) {

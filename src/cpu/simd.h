@@ -15,7 +15,7 @@
 // kernel works on `rows` columns (a multiple of row_align) starting where its pointers point, so a
 // key tile that only some rows can see is computed for those rows alone.
 //
-// Level selection: the best level the CPU supports (__builtin_cpu_supports, once), capped by the
+// Level selection: the best level the CPU supports (cpuid and xgetbv, once), capped by the
 // environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512 when it is set (read at each call,
 // so tests can compare levels in one process). An unknown value is an error, not a silent fallback.
 #pragma once

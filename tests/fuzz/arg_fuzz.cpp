@@ -17,6 +17,7 @@
 // validation, which must answer without undefined behaviour (UndefinedBehaviorSanitizer).
 #include "arg_fuzz.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -36,7 +37,7 @@ namespace ref = flashattn::reference;
 using flashattn::AttnOptions;
 using flashattn::DeviceType;
 
-constexpr size_t kMaxBytes = size_t(64) << 20;  // larger views are only validated
+constexpr size_t kMaxBytes = size_t(8) << 20;  // larger views (bytes or elements) are only validated
 
 void store(TensorView& v, int64_t off, double x) {
   void* p = v.data;
@@ -45,7 +46,7 @@ void store(TensorView& v, int64_t off, double x) {
     case DType::bf16: static_cast<flashattn::core::bfloat16_t*>(p)[off] = flashattn::core::to_bf16(float(x)); break;
     case DType::f32: static_cast<float*>(p)[off] = float(x); break;
     case DType::f64: static_cast<double*>(p)[off] = x; break;
-    case DType::i32: static_cast<int32_t*>(p)[off] = int32_t(x); break;
+    case DType::i32: static_cast<int32_t*>(p)[off] = std::isfinite(x) ? int32_t(std::clamp(x, -2147483648.0, 2147483647.0)) : 0; break;
   }
 }
 
@@ -64,7 +65,6 @@ struct Case {
   int32_t* num_splits = nullptr;
   bool attention_options = true;  // merge_states reads only num_threads and stream
   int mutations = 0;
-  std::string must_reject;  // why the call must throw, if a mutation made that certain
   std::string log;          // the mutations, for a failure's message
 
   Tensor& add(const char* name, Role role, TensorView& view, std::vector<int32_t> ints = {}) {
@@ -82,9 +82,8 @@ struct Case {
       if (t.view->rank != 0) r.push_back(&t);
     return r;
   }
-  void note(const std::string& what, const std::string& reject = "") {
+  void note(const std::string& what) {
     log += (log.empty() ? "" : "; ") + what;
-    if (!reject.empty() && must_reject.empty()) must_reject = reject;
     ++mutations;
   }
 };
@@ -102,42 +101,47 @@ void gen_options(ByteSource& in, AttnOptions& o) {
 // One mutation of the views, the index contents or the options (before the buffers exist).
 void mutate_views(ByteSource& in, Case& c) {
   std::vector<Tensor*> ts = c.present();
+  if (ts.empty()) return;  // every tensor dropped already
   Tensor& t = *ts[size_t(in.below(int64_t(ts.size())))];
   TensorView& v = *t.view;
   const std::string at = std::string(t.name) + " ";
   const int64_t big = int64_t(1) << 40, huge = std::numeric_limits<int64_t>::max();
+  const bool sane = v.rank >= 1 && v.rank <= flashattn::kMaxRank;  // a rank already out of range
+  auto near = [&](int64_t x) { return x > -big && x < big; };         // ... or sizes past any +-1
   switch (in.below(8)) {
     case 0: {
+      if (!sane) break;
       int i = int(in.below(v.rank));
-      v.shape[i] = in.pick<int64_t>({0, v.shape[i] - 1, v.shape[i] + 1, 2 * v.shape[i] + 1, big, huge, -1});
-      c.note(at + "shape[" + std::to_string(i) + "] = " + std::to_string(v.shape[i]),
-             v.shape[i] < 0 ? "a negative size" : "");
+      const int64_t x = v.shape[i];
+      v.shape[i] = near(x) ? in.pick<int64_t>({0, x - 1, x + 1, 2 * x + 1, big, huge, -1}) : in.pick<int64_t>({0, 1, -1});
+      c.note(at + "shape[" + std::to_string(i) + "] = " + std::to_string(v.shape[i]));
       break;
     }
     case 1: {
+      if (!sane) break;
       int i = int(in.below(v.rank));
-      v.stride[i] = in.pick<int64_t>({-1, 0, v.stride[i] + 1, v.stride[i] - 1, big, huge / 2});
-      c.note(at + "stride[" + std::to_string(i) + "] = " + std::to_string(v.stride[i]),
-             v.stride[i] < 0 && v.shape[i] > 0 ? "a negative stride" : "");
+      const int64_t x = v.stride[i];
+      v.stride[i] = near(x) ? in.pick<int64_t>({-1, 0, x + 1, x - 1, big, huge / 2}) : in.pick<int64_t>({-1, 0, 1});
+      c.note(at + "stride[" + std::to_string(i) + "] = " + std::to_string(v.stride[i]));
       break;
     }
     case 2: {
       const int r = in.pick<int>({v.rank - 1, v.rank + 1, 5, -1});
-      if (r > v.rank && r <= flashattn::kMaxRank) v.shape[r - 1] = 1, v.stride[r - 1] = 1;
+      if (r >= 1 && r > v.rank && r <= flashattn::kMaxRank) v.shape[r - 1] = 1, v.stride[r - 1] = 1;
       v.rank = r;
-      c.note(at + "rank = " + std::to_string(r), r < 0 || r > flashattn::kMaxRank ? "a rank out of range" : "");
+      c.note(at + "rank = " + std::to_string(r));
       break;
     }
     case 3: {
       int d = in.pick<int>({0, 1, 2, 3, 4, 7, -1});
       v.dtype = DType(d);
-      c.note(at + "dtype = " + std::to_string(d), d < 0 || d > 4 ? "an unknown dtype" : "");
+      c.note(at + "dtype = " + std::to_string(d));
       break;
     }
     case 4:
       if (&t == &c.tensors.front()) break;  // the first tensor sets the device the rest must share
       v.device = in.chance(1, 2) ? DeviceType::cuda : DeviceType(9);
-      c.note(at + "device = " + std::to_string(int(v.device)), "a tensor on another device");
+      c.note(at + "device = " + std::to_string(int(v.device)));
       break;
     case 5: {
       std::vector<Tensor*> idx;
@@ -155,16 +159,16 @@ void mutate_views(ByteSource& in, Case& c) {
       AttnOptions& o = *c.options;
       const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
       switch (c.attention_options ? in.below(7) : 5) {
-        case 0: o.softmax_scale = in.pick<float>({nan, inf, -1.f}); c.note("softmax_scale bad", "a bad scale"); break;
-        case 1: o.softcap = in.pick<float>({nan, inf, -0.5f}); c.note("softcap bad", "a bad softcap"); break;
-        case 2: o.window_left = in.pick<int64_t>({-2, -huge}); c.note("window_left < -1", "a bad window"); break;
-        case 3: o.window_right = in.pick<int64_t>({-2, -huge}); c.note("window_right < -1", "a bad window"); break;
-        case 4: o.causal = true; o.window_right = in.in(1, 9); c.note("causal with window_right > 0", "a bad window"); break;
-        case 5: o.num_threads = -1; c.note("num_threads = -1", "a negative thread count"); break;
+        case 0: o.softmax_scale = in.pick<float>({nan, inf, -1.f}); c.note("softmax_scale bad"); break;
+        case 1: o.softcap = in.pick<float>({nan, inf, -0.5f}); c.note("softcap bad"); break;
+        case 2: o.window_left = in.pick<int64_t>({-2, -huge}); c.note("window_left < -1"); break;
+        case 3: o.window_right = in.pick<int64_t>({-2, -huge}); c.note("window_right < -1"); break;
+        case 4: o.causal = true; o.window_right = in.in(1, 9); c.note("causal with window_right > 0"); break;
+        case 5: o.num_threads = -1; c.note("num_threads = -1"); break;
         default:
           if (!c.num_splits) break;
           *c.num_splits = in.pick<int32_t>({-1, flashattn::kMaxSplits + 1, 1000});
-          c.note("num_splits = " + std::to_string(*c.num_splits), "a split count out of range");
+          c.note("num_splits = " + std::to_string(*c.num_splits));
       }
       break;
     }
@@ -178,17 +182,50 @@ void mutate_views(ByteSource& in, Case& c) {
 void mutate_pointers(ByteSource& in, Case& c) {
   std::vector<Tensor*> ts = c.present(), outs, ins;
   for (Tensor* t : ts) (t->role == Role::output ? outs : ins).push_back(t);
+  if (ts.empty()) return;
   if (in.chance(1, 2)) {
     Tensor& t = *ts[size_t(in.below(int64_t(ts.size())))];
     t.view->data = nullptr;
-    c.note(std::string(t.name) + " data = null", numel(*t.view) > 0 ? "null data" : "");
+    c.note(std::string(t.name) + " data = null");
   } else if (!outs.empty() && !ins.empty()) {
     Tensor& o = *outs[size_t(in.below(int64_t(outs.size())))];
     Tensor& i = *ins[size_t(in.below(int64_t(ins.size())))];
+    if (i.size < o.size) return;  // the output's new memory must still hold its whole span
     o.view->data = i.view->data;
-    c.note(std::string(o.name) + " aliases " + i.name,
-           numel(*o.view) > 0 && numel(*i.view) > 0 ? "an output aliasing an input" : "");
+    c.note(std::string(o.name) + " aliases " + i.name);
   }
+}
+
+// Why the case as it now stands must be rejected, whatever the rest of it: what no valid call has
+// (judged from the final views and options, since a later mutation may undo or drop an earlier one).
+std::string must_reject(const Case& c) {
+  const TensorView& first = *c.tensors.front().view;
+  for (const Tensor& t : c.tensors) {
+    const TensorView& v = *t.view;
+    if (v.rank == 0) continue;
+    const std::string at = std::string(" (") + t.name + ")";
+    if (v.rank < 0 || v.rank > flashattn::kMaxRank) return "a rank out of range" + at;
+    for (int i = 0; i < v.rank; ++i) {
+      if (v.shape[i] < 0) return "a negative size" + at;
+      if (v.stride[i] < 0) return "a negative stride" + at;
+    }
+    if (int(v.dtype) < 0 || int(v.dtype) > 4) return "an unknown dtype" + at;
+    if (v.device != first.device || v.device_index != first.device_index) return "a tensor on another device" + at;
+    if (!t.size || numel(v) == 0) continue;
+    if (v.data == nullptr) return "null data" + at;
+    if (t.role == Role::output && v.data != t.bytes.get())
+      for (const Tensor& other : c.tensors)
+        if (&other != &t && other.view->rank != 0 && v.data == other.bytes.get() && numel(*other.view) > 0)
+          return std::string("an output aliasing '") + other.name + "'" + at;
+  }
+  const AttnOptions& o = *c.options;
+  if (o.num_threads < 0) return "a negative thread count";
+  if (!c.attention_options) return "";
+  if (!std::isfinite(o.softmax_scale) || o.softmax_scale < 0) return "a bad scale";
+  if (!std::isfinite(o.softcap) || o.softcap < 0) return "a bad softcap";
+  if (o.window_left < -1 || o.window_right < -1 || (o.causal && o.window_right > 0)) return "a bad window";
+  if (c.num_splits && (*c.num_splits < 0 || *c.num_splits > flashattn::kMaxSplits)) return "a split count out of range";
+  return "";
 }
 
 std::string describe(const Case& c, const std::string& op) {
@@ -197,7 +234,8 @@ std::string describe(const Case& c, const std::string& op) {
   for (const Tensor& t : c.tensors) {
     if (t.view->rank == 0) continue;
     s << " " << t.name << flashattn::dtype_name(t.view->dtype) << "(";
-    for (int i = 0; i < t.view->rank; ++i) s << (i ? "," : "") << t.view->shape[i] << ":" << t.view->stride[i];
+    for (int i = 0; i < std::min(t.view->rank, flashattn::kMaxRank); ++i)
+      s << (i ? "," : "") << t.view->shape[i] << ":" << t.view->stride[i];
     s << ")";
   }
   const AttnOptions& o = *c.options;
@@ -226,7 +264,8 @@ std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& 
       } catch (const flashattn::Error&) {
         return "";
       }
-      return c.must_reject.empty() ? "" : describe(c, op) + ": validation accepted " + c.must_reject;
+      const std::string reject = must_reject(c);
+      return reject.empty() ? "" : describe(c, op) + ": validation accepted " + reject;
     }
     materialize(*t, *span, rng, store);
   }
@@ -256,7 +295,7 @@ std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& 
   } catch (const std::exception& e) {
     return what + ": threw something other than flashattn::Error: " + e.what();
   }
-  if (!c.must_reject.empty()) return what + ": accepted " + c.must_reject;
+  if (const std::string reject = must_reject(c); !reject.empty()) return what + ": accepted " + reject;
   if (!ref_ok) return what + ": the engine accepted what the reference rejected";
   for (Tensor* t : c.present()) {
     if (!t->size) continue;
@@ -458,6 +497,9 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
   // where the plain computation, with an O of its own, may cancel exactly. The f64 cases (the same
   // engine code) and the 16-bit ones hold the plain rule.
   run.check = [&]() -> std::string {
+    // out and lse that overlap themselves (a mutated stride) cannot hold the forward's results: the
+    // call must stay within its tensors, but its gradients are not those of the reference.
+    if (self_overlapping(args.out) || self_overlapping(args.lse)) return "";
     for (auto [got, want, base, name] : {std::tuple{&args.dq, &exact.dq, &plain.dq, "dq"}, {&args.dk, &exact.dk, &plain.dk, "dk"},
                                          {&args.dv, &exact.dv, &plain.dv, "dv"}}) {
       double g_max = 0;
@@ -543,44 +585,38 @@ std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
   for (int m = mutation_count(in); m > 0; --m) mutate_views(in, c);
   const bool planned = in.chance(1, 4);
 
-  // The cache row (page * page_size + slot) of token t of sequence b, or -1 where the indices do
-  // not name one (a mutated entry: the call must then reject).
-  auto row_of = [&](int64_t b, int64_t t) -> int64_t {
-    const TensorView& kc = args.k_cache;
-    if (!args.block_table.rank) return b * kc.shape[1] + t;
-    const int64_t ps = kc.shape[1], cols = args.block_table.shape[1];
-    if (t / ps >= cols) return -1;
-    int32_t id;
-    std::memcpy(&id, static_cast<const char*>(args.block_table.data) + 4 * (b * cols + t / ps), 4);
-    return id >= 0 && id < kc.shape[0] ? id * ps + t % ps : -1;
+  // The cache row (page * page_size + slot) of token t of sequence b, for a validated problem.
+  auto row_of = [&](const flashattn::core::DecodeParams& p, int64_t b, int64_t t) -> int64_t {
+    if (!p.paged) return b * p.page_size + t;
+    const int32_t id = p.block_table[b * p.block_table_row_stride + (t / p.page_size) * p.block_table_col_stride];
+    return id * p.page_size + t % p.page_size;
   };
-  auto lens_now = [&] { return std::vector<int32_t>(static_cast<const int32_t*>(args.cache_seqlens.data),
-                                                    static_cast<const int32_t*>(args.cache_seqlens.data) + batch); };
+  auto cache_offset = [](const TensorView& v, int64_t row, int64_t h, int64_t e) {
+    return (row / v.shape[1]) * v.stride[0] + (row % v.shape[1]) * v.stride[1] + h * v.stride[2] + e * v.stride[3];
+  };
   ref::Output exact, plain;
   Run run;
   run.validate = [&] { flashattn::api::validate_decode(args); };
-  // Every cache row no sequence holds is NaN, so a read past a length shows in the results.
+  // Every cache row no sequence holds is NaN, so a read past a length shows in the results. Only
+  // for a valid problem (an invalid one must be rejected, so its cache contents do not matter).
   run.prepare = [&] {
+    flashattn::core::DecodeParams p;
+    try {
+      p = flashattn::api::validate_decode(args);
+    } catch (const flashattn::Error&) {
+      return;
+    }
     for (const char* name : {"k_cache", "v_cache"}) {
       Tensor& t = *find(c, name);
       const TensorView& v = *t.view;
-      if (v.data != t.bytes.get() || !t.size || v.rank != 4 || args.cache_seqlens.data != find(c, "cache_seqlens")->bytes.get() ||
-          args.cache_seqlens.rank != 1 || args.cache_seqlens.shape[0] != batch)
-        continue;
-      if (args.block_table.rank && args.block_table.data != find(c, "block_table")->bytes.get()) continue;
-      const std::vector<int32_t> held = lens_now();
+      if (v.data != t.bytes.get() || !t.size) continue;
       std::vector<bool> live(size_t(v.shape[0] * v.shape[1]), false);
-      for (int64_t b = 0; b < batch && (args.block_table.rank || b < v.shape[0]); ++b)
-        for (int64_t tok = 0; tok < held[size_t(b)] && (args.block_table.rank || tok < v.shape[1]); ++tok) {
-          const int64_t r = row_of(b, tok);
-          if (r >= 0) live[size_t(r)] = true;
-        }
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t tok = 0; tok < p.cache_seqlens[b * p.cache_seqlens_stride]; ++tok) live[size_t(row_of(p, b, tok))] = true;
       for (int64_t r = 0; r < int64_t(live.size()); ++r)
         if (!live[size_t(r)])
           for (int64_t h = 0; h < v.shape[2]; ++h)
-            for (int64_t e = 0; e < v.shape[3]; ++e)
-              store(*t.view, (r / v.shape[1]) * v.stride[0] + (r % v.shape[1]) * v.stride[1] + h * v.stride[2] + e * v.stride[3],
-                    std::numeric_limits<double>::quiet_NaN());
+            for (int64_t e = 0; e < v.shape[3]; ++e) store(*t.view, cache_offset(v, r, h, e), std::numeric_limits<double>::quiet_NaN());
     }
   };
   run.reference = [&] {
@@ -594,19 +630,18 @@ std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
   };
   // An accepted append wrote k_new / v_new at tokens [len, len + sn) of each sequence, nothing else.
   run.expected_inout = [&](Tensor& t, std::vector<unsigned char>& want) {
+    const flashattn::core::DecodeParams p = flashattn::api::validate_decode(args);  // accepted: valid
     const TensorView& cache = *t.view;
     const TensorView& src = std::string(t.name) == "k_cache" ? args.k_new : args.v_new;
     const int64_t esize = flashattn::dtype_size(cache.dtype);
-    const std::vector<int32_t> held = lens_now();
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < sn; ++i) {
-        const int64_t r = row_of(b, held[size_t(b)] + i);
-        for (int64_t h = 0; h < cache.shape[2]; ++h)
-          for (int64_t e = 0; e < cache.shape[3]; ++e) {
-            const int64_t to = (r / cache.shape[1]) * cache.stride[0] + (r % cache.shape[1]) * cache.stride[1] +
-                               h * cache.stride[2] + e * cache.stride[3];
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t i = 0; i < p.seqlen_new; ++i) {
+        const int64_t r = row_of(p, b, p.cache_seqlens[b * p.cache_seqlens_stride] + i);
+        for (int64_t h = 0; h < p.heads_kv; ++h)
+          for (int64_t e = 0; e < p.head_dim; ++e) {
             const int64_t from = b * src.stride[0] + i * src.stride[1] + h * src.stride[2] + e * src.stride[3];
-            std::memcpy(want.data() + to * esize, static_cast<const unsigned char*>(src.data) + from * esize, size_t(esize));
+            std::memcpy(want.data() + cache_offset(cache, r, h, e) * esize,
+                        static_cast<const unsigned char*>(src.data) + from * esize, size_t(esize));
           }
       }
   };
@@ -650,9 +685,9 @@ std::string fuzz_merge(ByteSource& in, std::mt19937& rng) {
   };
   // The merge in double: weights exp(lse_p - max), an all-empty row gives 0 and -inf.
   run.reference = [&] {
-    flashattn::api::validate_merge(args);
+    const flashattn::core::MergeParams mp = flashattn::api::validate_merge(args);  // the sizes after mutations
+    const int64_t parts = mp.parts, rows = mp.tokens * mp.heads, d = mp.head_dim;
     const std::vector<double> o = values(args.o_parts), l = values(args.lse_parts);
-    const int64_t rows = tokens * heads;
     want_o.assign(size_t(rows * d), 0.0);
     want_lse.assign(size_t(rows), -std::numeric_limits<double>::infinity());
     for (int64_t r = 0; r < rows; ++r) {

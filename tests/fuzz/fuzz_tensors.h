@@ -6,6 +6,7 @@
 // pattern, so an engine that reads a stride's gap computes NaN and fails the accuracy check.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -108,7 +109,8 @@ inline TensorView index_view(std::initializer_list<int64_t> shape) {
 }
 
 // Bytes a view spans (0 for an empty one), or nothing when that is not a sane host allocation
-// (negative sizes or strides, overflow, an unknown dtype, more than `limit`).
+// (negative sizes or strides, overflow, an unknown dtype, more than `limit`) or has more elements
+// than a case can fill (a broadcast dimension of 2^40 spans one row).
 inline std::optional<size_t> span_bytes(const TensorView& v, size_t limit) {
   if (v.rank < 1 || v.rank > flashattn::kMaxRank) return std::nullopt;
   int64_t esize = 0;
@@ -118,11 +120,13 @@ inline std::optional<size_t> span_bytes(const TensorView& v, size_t limit) {
     case DType::f64: esize = 8; break;
     default: return std::nullopt;
   }
-  __int128 last = 0;
+  __int128 last = 0, count = 1;
   for (int i = 0; i < v.rank; ++i) {
     if (v.shape[i] < 0 || v.stride[i] < 0) return std::nullopt;
     if (v.shape[i] == 0) return size_t(0);
     last += __int128(v.shape[i] - 1) * v.stride[i];
+    count *= v.shape[i];
+    if (count > __int128(limit)) return std::nullopt;
   }
   __int128 bytes = (last + 1) * esize;
   if (bytes > __int128(limit)) return std::nullopt;
@@ -137,6 +141,22 @@ inline int64_t offset_of(const TensorView& v, int64_t i) {
     i /= v.shape[d];
   }
   return off;
+}
+
+// Whether two elements of a view share memory (a broadcast or otherwise overlapping layout): with
+// the dimensions sorted by stride, each stride must step past the span of the smaller ones.
+inline bool self_overlapping(const TensorView& v) {
+  int dims[flashattn::kMaxRank];
+  int n = 0;
+  for (int i = 0; i < v.rank; ++i)
+    if (v.shape[i] > 1) dims[n++] = i;
+  std::sort(dims, dims + n, [&](int a, int b) { return v.stride[a] < v.stride[b]; });
+  int64_t span = 0;
+  for (int j = 0; j < n; ++j) {
+    if (v.stride[dims[j]] <= span) return true;
+    span += (v.shape[dims[j]] - 1) * v.stride[dims[j]];
+  }
+  return false;
 }
 
 inline int64_t numel(const TensorView& v) {
@@ -156,10 +176,8 @@ inline void materialize(Tensor& t, size_t span, std::mt19937& rng, void (*store)
   t.view->data = t.bytes.get();
   const int64_t n = span ? numel(*t.view) : 0;
   if (t.role == Role::index) {
-    for (int64_t i = 0; i < n; ++i) {
-      int32_t x = size_t(i) < t.ints.size() ? t.ints[size_t(i)] : 0;
-      std::memcpy(t.bytes.get() + offset_of(*t.view, i) * 4, &x, 4);
-    }
+    for (int64_t i = 0; i < n; ++i)  // through `store`: a mutation may have changed the dtype
+      store(*t.view, offset_of(*t.view, i), size_t(i) < t.ints.size() ? double(t.ints[size_t(i)]) : 0.0);
   } else if (t.role != Role::output) {
     std::normal_distribution<double> normal(0.0, 1.0);
     for (int64_t i = 0; i < n; ++i) store(*t.view, offset_of(*t.view, i), normal(rng));
