@@ -87,7 +87,8 @@ struct ForwardArgs {
   TensorView q, k, v;
   TensorView out;
   TensorView lse;           // optional output
-  TensorView cu_seqlens_q;  // optional i32 [batch + 1]: varlen when given (with cu_seqlens_k)
+  TensorView cu_seqlens_q;  // optional i32 [batch + 1]: varlen when given (with cu_seqlens_k); rows
+                            // outside [cu[0], cu[batch]) are neither read nor written
   TensorView cu_seqlens_k;
   AttnOptions options;
 };
