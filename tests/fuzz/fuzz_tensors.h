@@ -148,13 +148,15 @@ inline int64_t offset_of(const TensorView& v, int64_t i) {
 inline bool self_overlapping(const TensorView& v) {
   int dims[flashattn::kMaxRank];
   int n = 0;
-  for (int i = 0; i < v.rank; ++i)
+  for (int i = 0; i < v.rank; ++i) {
+    if (v.shape[i] == 0) return false;  // empty: no element at all
     if (v.shape[i] > 1) dims[n++] = i;
+  }
   std::sort(dims, dims + n, [&](int a, int b) { return v.stride[a] < v.stride[b]; });
-  int64_t span = 0;
+  __int128 span = 0;
   for (int j = 0; j < n; ++j) {
     if (v.stride[dims[j]] <= span) return true;
-    span += (v.shape[dims[j]] - 1) * v.stride[dims[j]];
+    span += __int128(v.shape[dims[j]] - 1) * v.stride[dims[j]];
   }
   return false;
 }

@@ -24,6 +24,7 @@ struct Case {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.f;
   std::vector<int32_t> varlen_q, varlen_k;
+  int32_t outside = 0;  // varlen: packed rows before and after every sequence
   int64_t pad = 0;
   bool deterministic = false;
 };
@@ -49,9 +50,11 @@ struct Problem {
     std::vector<int64_t> qs, ks, ls;
     if (varlen) {
       auto cq = cu_seqlens_of(c.varlen_q), ck = cu_seqlens_of(c.varlen_k);
-      qs = {cq.back(), c.heads_q, c.head_dim};
-      ks = {ck.back(), c.heads_kv, c.head_dim};
-      ls = {c.heads_q, cq.back()};
+      for (auto* cu : {&cq, &ck})
+        for (int32_t& x : *cu) x += c.outside;
+      qs = {cq.back() + c.outside, c.heads_q, c.head_dim};
+      ks = {ck.back() + c.outside, c.heads_kv, c.head_dim};
+      ls = {c.heads_q, qs[0]};
       cuq = int_tensor(cq);
       cuk = int_tensor(ck);
     } else {
@@ -171,6 +174,23 @@ void expect_path(const Case& c, bool portable) {
       << kernel;
 }
 
+// A gradient's values, where rows outside every sequence must have kept their poison (NaN) and are
+// set to the reference's zeros.
+std::vector<double> outside_untouched(const HostTensor& t, const Problem& pr, bool keys) {
+  std::vector<double> v = t.values();
+  if (pr.c.varlen_q.empty()) return v;
+  const HostTensor& cu = keys ? pr.cuk : pr.cuq;
+  const int32_t* x = reinterpret_cast<const int32_t*>(cu.storage.data());
+  const int64_t lo = x[0], hi = x[cu.numel() - 1], row = t.view.shape[1] * t.view.shape[2];
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t r = int64_t(i) / row;
+    if (r >= lo && r < hi) continue;
+    EXPECT_TRUE(std::isnan(v[i])) << "gradient row " << r << " is in no sequence but was written";
+    v[i] = 0;
+  }
+  return v;
+}
+
 // Each case runs on the path dispatch picks (the Hopper path where it applies) and on the portable
 // path, which stays the fallback for everything the Hopper path does not cover.
 void check_case(const Case& c, uint32_t seed) {
@@ -185,9 +205,9 @@ void check_case(const Case& c, uint32_t seed) {
   on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
     pr.backward();
     expect_path(c, portable);
-    EXPECT_TRUE(within_rule(pr.dq.values(), ref.dq, plain.dq, c.dtype, 3.0, "dq"));
-    EXPECT_TRUE(within_rule(pr.dk.values(), ref.dk, plain.dk, c.dtype, 3.0, "dk"));
-    EXPECT_TRUE(within_rule(pr.dv.values(), ref.dv, plain.dv, c.dtype, 3.0, "dv"));
+    EXPECT_TRUE(within_rule(outside_untouched(pr.dq, pr, false), ref.dq, plain.dq, c.dtype, 3.0, "dq"));
+    EXPECT_TRUE(within_rule(outside_untouched(pr.dk, pr, true), ref.dk, plain.dk, c.dtype, 3.0, "dk"));
+    EXPECT_TRUE(within_rule(outside_untouched(pr.dv, pr, true), ref.dv, plain.dv, c.dtype, 3.0, "dv"));
   });
 }
 
@@ -325,6 +345,19 @@ TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
 // past the head dim are zero-filled on load and never added to dQ, in both modes (on the portable
 // path the staged dQ's column guard included: at 240 the last warp along the head dim owns 6 of
 // its 8 chunks).
+// Packed rows before the first sequence and after the last belong to none: never read or written.
+TEST_F(GpuBackward, VarlenRowsOutsideEverySequenceUntouched) {
+  uint32_t seed = 520;
+  for (bool deterministic : {false, true})
+    for (int64_t d : {64, 128, 256}) {
+      Case c = grouped_varlen_case({3, 0, 77}, {40, 9, 130});
+      c.head_dim = d;
+      c.outside = 5;
+      c.deterministic = deterministic;
+      check_case(c, seed++);
+    }
+}
+
 TEST_F(GpuBackward, HeadDimsBelowTheKernelsOwn) {
   uint32_t seed = 700;
   for (int64_t d : {112, 240})

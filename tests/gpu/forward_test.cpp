@@ -23,6 +23,7 @@ struct Case {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.f;
   std::vector<int32_t> varlen_q, varlen_k;  // per-sequence lengths; varlen when non-empty
+  int32_t outside = 0;                      // varlen: packed rows before and after every sequence
   int64_t pad = 0;                          // extra elements per row: non-contiguous strides
   int64_t out_pad = -1;                     // out's own row padding (-1: pad)
   bool with_lse = true;
@@ -48,9 +49,11 @@ void check_case(const Case& c, uint32_t seed) {
   if (varlen) {
     cu_q = cu_seqlens_of(c.varlen_q);
     cu_k = cu_seqlens_of(c.varlen_k);
-    qs = {cu_q.back(), c.heads_q, c.head_dim};
-    ks = {cu_k.back(), c.heads_kv, c.head_dim};
-    lse_shape = {c.heads_q, cu_q.back()};
+    for (auto* cu : {&cu_q, &cu_k})
+      for (int32_t& x : *cu) x += c.outside;
+    qs = {cu_q.back() + c.outside, c.heads_q, c.head_dim};
+    ks = {cu_k.back() + c.outside, c.heads_kv, c.head_dim};
+    lse_shape = {c.heads_q, qs[0]};
   } else {
     qs = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
     ks = {c.batch, c.seqlen_k, c.heads_kv, c.head_dim};
@@ -114,10 +117,25 @@ void check_case(const Case& c, uint32_t seed) {
     dout.copy_to(out);
     dlse.copy_to(lse);
 
-    EXPECT_TRUE(within_rule(out.values(), ref.out, plain.out, c.dtype, 2.0, "out"));
+    // Rows outside every sequence keep their poison; the reference has zeros there.
+    std::vector<double> got_out = out.values(), got_lse = lse.values();
+    if (varlen) {
+      const int64_t lo = cu_q.front(), hi = cu_q.back(), row = c.heads_q * c.head_dim;
+      for (size_t i = 0; i < got_out.size(); ++i)
+        if (int64_t(i) / row < lo || int64_t(i) / row >= hi) {
+          ASSERT_TRUE(std::isnan(got_out[i])) << "out row " << int64_t(i) / row << " is in no sequence but was written";
+          got_out[i] = 0;
+        }
+      for (size_t i = 0; i < got_lse.size(); ++i)
+        if (int64_t(i) % qs[0] < lo || int64_t(i) % qs[0] >= hi) {
+          if (c.with_lse) ASSERT_TRUE(std::isnan(got_lse[i])) << "lse row " << int64_t(i) % qs[0] << " is in no sequence";
+          got_lse[i] = ref.lse[i];
+        }
+    }
+    EXPECT_TRUE(within_rule(got_out, ref.out, plain.out, c.dtype, 2.0, "out"));
     if (c.with_lse) {
       // lse is fp32 from 16-bit inputs: the same rule, against the plain implementation's lse.
-      EXPECT_TRUE(within_rule(lse.values(), ref.lse, plain.lse, c.dtype, 2.0, "lse"));
+      EXPECT_TRUE(within_rule(got_lse, ref.lse, plain.lse, c.dtype, 2.0, "lse"));
     } else {
       for (double x : lse.values()) ASSERT_TRUE(std::isnan(x)) << "lse was written although absent";
     }
@@ -342,6 +360,22 @@ TEST_F(GpuForward, VarlenWithEmptySequences) {
       c.batch = 6;
       c.heads_q = 4;
       c.heads_kv = 2;
+      check_case(c, seed++);
+    }
+}
+
+// Packed rows before the first sequence and after the last belong to none: never read or written.
+TEST_F(GpuForward, VarlenRowsOutsideEverySequenceUntouched) {
+  uint32_t seed = 420;
+  for (bool causal : {false, true})
+    for (int64_t d : {64, 128, 256}) {
+      Case c;
+      c.head_dim = d;
+      c.causal = causal;
+      c.varlen_q = {3, 0, 77};
+      c.varlen_k = {40, 9, 130};
+      c.outside = 5;
+      c.batch = 3;
       check_case(c, seed++);
     }
 }
