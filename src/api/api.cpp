@@ -33,9 +33,11 @@ int64_t dtype_size(DType t) {
 }
 
 int64_t TensorView::numel() const {
-  if (rank <= 0) return 0;
+  if (rank <= 0 || rank > kMaxRank) return 0;  // absent, or a rank the validation rejects
+  for (int i = 0; i < rank; ++i)
+    if (shape[i] == 0) return 0;  // before any product: the other sizes may be huge
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i) n *= shape[i];  // validated views do not overflow (Checker::addressable)
   return n;
 }
 

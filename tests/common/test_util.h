@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,6 +25,20 @@ namespace fa_test {
 
 using flashattn::DType;
 using flashattn::TensorView;
+
+// Writes x as element `off` (in elements) of a host buffer of dtype t, rounded to nearest; an i32
+// takes x saturated to its range (0 for NaN).
+inline void store(void* p, DType t, int64_t off, double x) {
+  switch (t) {
+    case DType::f16: static_cast<flashattn::core::half_t*>(p)[off] = flashattn::core::to_half(float(x)); break;
+    case DType::bf16: static_cast<flashattn::core::bfloat16_t*>(p)[off] = flashattn::core::to_bf16(float(x)); break;
+    case DType::f32: static_cast<float*>(p)[off] = float(x); break;
+    case DType::f64: static_cast<double*>(p)[off] = x; break;
+    case DType::i32:
+      static_cast<int32_t*>(p)[off] = std::isnan(x) ? 0 : int32_t(std::clamp(x, -2147483648.0, 2147483647.0));
+      break;
+  }
+}
 
 // A host tensor with its own storage. `pad` adds that many elements to the stride of every
 // dimension but the last, so the view is non-contiguous (as slices of larger tensors are).
@@ -70,17 +85,7 @@ struct HostTensor {
 
   double get(int64_t i) const { return flashattn::reference::load(view.data, view.dtype, offset_of(i)); }
 
-  void set(int64_t i, double x) {
-    int64_t off = offset_of(i);
-    void* p = view.data;
-    switch (view.dtype) {
-      case DType::f16: static_cast<flashattn::core::half_t*>(p)[off] = flashattn::core::to_half(float(x)); break;
-      case DType::bf16: static_cast<flashattn::core::bfloat16_t*>(p)[off] = flashattn::core::to_bf16(float(x)); break;
-      case DType::f32: static_cast<float*>(p)[off] = float(x); break;
-      case DType::f64: static_cast<double*>(p)[off] = x; break;
-      case DType::i32: static_cast<int32_t*>(p)[off] = int32_t(x); break;
-    }
-  }
+  void set(int64_t i, double x) { store(view.data, view.dtype, offset_of(i), x); }
 
   std::vector<double> values() const {
     std::vector<double> v(static_cast<size_t>(numel()));

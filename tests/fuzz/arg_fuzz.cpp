@@ -39,16 +39,7 @@ using flashattn::DeviceType;
 
 constexpr size_t kMaxBytes = size_t(8) << 20;  // larger views (bytes or elements) are only validated
 
-void store(TensorView& v, int64_t off, double x) {
-  void* p = v.data;
-  switch (v.dtype) {
-    case DType::f16: static_cast<flashattn::core::half_t*>(p)[off] = flashattn::core::to_half(float(x)); break;
-    case DType::bf16: static_cast<flashattn::core::bfloat16_t*>(p)[off] = flashattn::core::to_bf16(float(x)); break;
-    case DType::f32: static_cast<float*>(p)[off] = float(x); break;
-    case DType::f64: static_cast<double*>(p)[off] = x; break;
-    case DType::i32: static_cast<int32_t*>(p)[off] = std::isfinite(x) ? int32_t(std::clamp(x, -2147483648.0, 2147483647.0)) : 0; break;
-  }
-}
+void store(TensorView& v, int64_t off, double x) { fa_test::store(v.data, v.dtype, off, x); }
 
 std::vector<double> values(const TensorView& v) {
   std::vector<double> r(size_t(numel(v)));
