@@ -26,6 +26,7 @@
 
 #include "api/validate.h"
 #include "core/numeric.h"
+#include "fuzz_device.h"
 #include "fuzz_tensors.h"
 #include "reference/reference.h"
 #include "test_util.h"
@@ -36,6 +37,8 @@ namespace {
 namespace ref = flashattn::reference;
 using flashattn::AttnOptions;
 using flashattn::DeviceType;
+
+bool g_on_gpu = false;  // this case's call gets device copies of its buffers (run_case)
 
 constexpr size_t kMaxBytes = size_t(8) << 20;  // larger views (bytes or elements) are only validated
 
@@ -270,10 +273,46 @@ std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& 
   } catch (const flashattn::Error&) {
     ref_ok = false;
   }
+  // On a GPU the call gets device copies of every buffer (pointers that name a buffer, aliases
+  // included, follow it; null stays null), and what it wrote comes back before the checks.
+  std::vector<std::pair<Tensor*, void*>> placed;
+  std::vector<void*> host_data;
+  if (g_on_gpu) {
+    for (Tensor* t : c.present()) {
+      placed.push_back({t, gpu_alloc(t->size)});
+      gpu_upload(placed.back().second, t->bytes.get(), t->size);
+    }
+    for (Tensor* t : c.present()) {
+      host_data.push_back(t->view->data);
+      for (auto [owner, dev] : placed)
+        if (t->view->data && t->view->data == owner->bytes.get()) t->view->data = dev;
+      t->view->device = t->view->device == DeviceType::cpu ? DeviceType::cuda : t->view->device;
+    }
+  }
+  auto unplace = [&] {
+    if (!g_on_gpu) return;
+    size_t i = 0;
+    for (Tensor* t : c.present()) {
+      t->view->data = host_data[i++];
+      t->view->device = t->view->device == DeviceType::cuda ? DeviceType::cpu : t->view->device;
+    }
+    for (auto [t, dev] : placed) {
+      gpu_download(t->bytes.get(), dev, t->size);
+      gpu_free(dev);
+    }
+  };
   try {
     run.call();
+    unplace();
   } catch (const flashattn::Error& e) {
+    unplace();
     const std::string msg = e.what();
+    if (g_on_gpu && e.status() == flashattn::Status::unsupported) {  // valid, but not on this path
+      for (Tensor* t : c.present())
+        if (t->size && std::memcmp(t->bytes.get(), t->before.data(), t->size) != 0)
+          return what + ": unsupported (" + msg + ") but '" + t->name + "' was written";
+      return "";
+    }
     if (e.status() != flashattn::Status::invalid_argument)
       return what + ": rejected with status " + std::to_string(int(e.status())) + " (" + msg + ")";
     if (msg.find("argument '") == std::string::npos) return what + ": the error names no argument: " + msg;
@@ -284,6 +323,7 @@ std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& 
         return what + ": rejected (" + msg + ") but '" + t->name + "' was written";
     return "";
   } catch (const std::exception& e) {
+    unplace();
     return what + ": threw something other than flashattn::Error: " + e.what();
   }
   if (const std::string reject = must_reject(c); !reject.empty()) return what + ": accepted " + reject;
@@ -347,7 +387,7 @@ struct Dims {
 
 Dims gen_dims(ByteSource& in) {
   Dims s;
-  s.dtype = in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
+  s.dtype = g_on_gpu ? in.pick<DType>({DType::f16, DType::bf16}) : in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
   s.d = in.pick<int64_t>({32, 40, 64, 72, 128, 256});
   s.hkv = in.in(1, 2);
   s.hq = s.hkv * in.in(1, 3);
@@ -435,6 +475,7 @@ std::string fuzz_forward(ByteSource& in, std::mt19937& rng) {
   };
   run.call = [&] { sync(); flashattn::forward(args); };
   run.check = [&] {
+    sync();  // args' copies of the views held device pointers during a GPU call
     const Covered rows = covered(args.cu_seqlens_q);
     std::vector<double> out = values(args.out);
     std::string r = untouched_outside(out, exact.out, plain.out, rows, args.out.shape[1] * args.out.shape[2], 0, "out");
@@ -529,6 +570,7 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
     // out and lse that overlap themselves (a mutated stride) cannot hold the forward's results: the
     // call must stay within its tensors, but its gradients are not those of the reference.
     if (self_overlapping(args.out) || self_overlapping(args.lse)) return "";
+    sync();  // args' copies of the views held device pointers during a GPU call
     const Covered q_rows = covered(args.cu_seqlens_q), k_rows = covered(args.cu_seqlens_k);
     for (auto [got, want, base, name, rows] :
          {std::tuple{&args.dq, &exact.dq, &plain.dq, "dq", q_rows}, {&args.dk, &exact.dk, &plain.dk, "dk", k_rows},
@@ -690,7 +732,8 @@ std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
 std::string fuzz_merge(ByteSource& in, std::mt19937& rng) {
   Case c;
   flashattn::MergeArgs args;
-  const DType dt = in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
+  const DType dt = g_on_gpu ? in.pick<DType>({DType::f16, DType::bf16})
+                            : in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
   const int64_t parts = in.in(1, 4), tokens = in.in(0, 5), heads = in.in(1, 3), d = in.in(1, 80);
   args.o_parts = make_view(in, dt, {parts, tokens, heads, d}, true);
   args.lse_parts = make_view(in, lse_type(dt), {parts, tokens, heads}, true);
@@ -758,7 +801,9 @@ std::string fuzz_merge(ByteSource& in, std::mt19937& rng) {
 
 }  // namespace
 
-std::string run_case(const uint8_t* data, size_t size) {
+std::string run_case(const uint8_t* data, size_t size, bool on_gpu) {
+  g_on_gpu = on_gpu;
+  g_pad_unit = on_gpu ? 8 : 1;
   ByteSource in(data, size);
   std::mt19937 rng(uint32_t(in.byte() | in.byte() << 8));
   switch (in.below(4)) {

@@ -8,8 +8,9 @@
 
 namespace fa_fuzz {
 
-// Builds one case from the bytes, runs it on the CPU and checks the API's promises; returns what
-// was broken (with the case), or an empty string.
-std::string run_case(const uint8_t* data, size_t size);
+// Builds one case from the bytes, runs it on the CPU (or, on_gpu, on device copies of its buffers:
+// 16-bit dtypes and 16-byte rows, and "unsupported" is an allowed answer) and checks the API's
+// promises; returns what was broken (with the case), or an empty string. Not thread-safe.
+std::string run_case(const uint8_t* data, size_t size, bool on_gpu = false);
 
 }  // namespace fa_fuzz

@@ -64,6 +64,9 @@ struct Tensor {
   std::vector<bool> element;  // which bytes belong to some element (outputs)
 };
 
+// Elements per unit of padding: 8 for cases that run on a GPU, whose paths need 16-byte rows.
+inline int64_t g_pad_unit = 1;
+
 // Strides for a view with its shape set: row-major in some order of the dimensions (the last one
 // innermost, as the API requires), with `pad` elements of gap after every dimension, and for
 // inputs possibly one broadcast (zero-stride) dimension.
@@ -73,7 +76,7 @@ inline void set_strides(ByteSource& in, TensorView& v, bool may_broadcast) {
   const int kind = int(in.below(may_broadcast ? 4 : 3));
   if (kind == 2)  // another memory order of the outer dimensions
     for (int i = v.rank - 2; i > 0; --i) std::swap(order[i], order[in.below(i + 1)]);
-  const int64_t pad = kind == 1 ? in.in(1, 3) : 0;
+  const int64_t pad = kind == 1 ? in.in(1, 3) * g_pad_unit : 0;
   int64_t s = 1;
   for (int j = v.rank - 1; j >= 0; --j) {
     v.stride[order[j]] = s;
