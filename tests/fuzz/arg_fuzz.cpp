@@ -67,7 +67,8 @@ std::string untouched_outside(std::vector<double>& got, std::vector<double>& exa
   for (size_t i = 0; i < got.size(); ++i) {
     const int64_t r = lse_rows ? int64_t(i) % lse_rows : int64_t(i) / per_row;
     if (r >= rows.lo && r < rows.hi) continue;
-    if (!std::isnan(got[i])) return std::string(name) + ": wrote row " + std::to_string(r) + ", which no sequence covers";
+    if (!std::isnan(got[i]))
+      return std::string(name) + ": wrote row " + std::to_string(r) + ", which no sequence covers";
     got[i] = exact[i] = plain[i] = 0;
   }
   return "";
@@ -87,7 +88,8 @@ struct Dims {
 
 Dims gen_dims(ByteSource& in) {
   Dims s;
-  s.dtype = g_on_gpu ? in.pick<DType>({DType::f16, DType::bf16}) : in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
+  s.dtype = g_on_gpu ? in.pick<DType>({DType::f16, DType::bf16})
+                     : in.pick<DType>({DType::f16, DType::bf16, DType::f32, DType::f64});
   s.d = in.pick<int64_t>({32, 40, 64, 72, 128, 256});
   s.hkv = in.in(1, 2);
   s.hq = s.hkv * in.in(1, 3);
@@ -191,7 +193,8 @@ std::string fuzz_forward(ByteSource& in, std::mt19937& rng) {
 // Writes values (logical order) into t through its view, if the view still points at t's bytes.
 void write_values(Tensor& t, const std::vector<double>& v) {
   if (t.view->data != t.bytes.get() || !t.size) return;
-  for (int64_t i = 0; i < numel(*t.view) && size_t(i) < v.size(); ++i) store(*t.view, offset_of(*t.view, i), v[size_t(i)]);
+  for (int64_t i = 0; i < numel(*t.view) && size_t(i) < v.size(); ++i)
+    store(*t.view, offset_of(*t.view, i), v[size_t(i)]);
 }
 
 Tensor* find(Case& c, const char* name) {
@@ -274,14 +277,17 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
          {std::tuple{&args.dq, &exact.dq, &plain.dq, "dq", q_rows}, {&args.dk, &exact.dk, &plain.dk, "dk", k_rows},
           {&args.dv, &exact.dv, &plain.dv, "dv", k_rows}}) {
       std::vector<double> now = values(*got);
-      if (std::string r = untouched_outside(now, *want, *base, rows, got->shape[1] * got->shape[2], 0, name); !r.empty()) return r;
+      const int64_t per_row = got->shape[1] * got->shape[2];
+      if (std::string r = untouched_outside(now, *want, *base, rows, per_row, 0, name); !r.empty()) return r;
       double g_max = 0;
       for (double x : *want) g_max = std::max(g_max, std::fabs(x));
       const double err = fa_test::max_abs_diff(now, *want), plain_err = fa_test::max_abs_diff(*base, *want);
-      const double bound = 3 * plain_err + fa_test::default_atol(s.dtype) + (s.dtype == DType::f32 ? 1e-4 * (1 + g_max) : 0);
+      const double bound =
+          3 * plain_err + fa_test::default_atol(s.dtype) + (s.dtype == DType::f32 ? 1e-4 * (1 + g_max) : 0);
       if (!(err <= bound))
         return std::string(name) + ": max error " + std::to_string(err) + " exceeds " + std::to_string(bound) +
-               " (3 x plain error " + std::to_string(plain_err) + " + atol; largest gradient " + std::to_string(g_max) + ")";
+               " (3 x plain error " + std::to_string(plain_err) + " + atol; largest gradient " +
+               std::to_string(g_max) + ")";
     }
     return "";
   };
@@ -385,11 +391,13 @@ std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
       if (v.data != t.bytes.get() || !t.size || self_overlapping(v)) continue;  // a broadcast row is live
       std::vector<bool> live(size_t(v.shape[0] * v.shape[1]), false);
       for (int64_t b = 0; b < p.batch; ++b)
-        for (int64_t tok = 0; tok < p.cache_seqlens[b * p.cache_seqlens_stride]; ++tok) live[size_t(row_of(p, b, tok))] = true;
+        for (int64_t tok = 0; tok < p.cache_seqlens[b * p.cache_seqlens_stride]; ++tok)
+          live[size_t(row_of(p, b, tok))] = true;
       for (int64_t r = 0; r < int64_t(live.size()); ++r)
         if (!live[size_t(r)])
           for (int64_t h = 0; h < v.shape[2]; ++h)
-            for (int64_t e = 0; e < v.shape[3]; ++e) store(*t.view, cache_offset(v, r, h, e), std::numeric_limits<double>::quiet_NaN());
+            for (int64_t e = 0; e < v.shape[3]; ++e)
+              store(*t.view, cache_offset(v, r, h, e), std::numeric_limits<double>::quiet_NaN());
     }
   };
   run.reference = [&] {

@@ -116,7 +116,8 @@ void mutate_views(ByteSource& in, Case& c) {
       if (!sane) break;
       int i = int(in.below(v.rank));
       const int64_t x = v.shape[i];
-      v.shape[i] = near(x) ? in.pick<int64_t>({0, x - 1, x + 1, 2 * x + 1, big, huge, -1}) : in.pick<int64_t>({0, 1, -1});
+      v.shape[i] = near(x) ? in.pick<int64_t>({0, x - 1, x + 1, 2 * x + 1, big, huge, -1})
+                           : in.pick<int64_t>({0, 1, -1});
       c.note(at + "shape[" + std::to_string(i) + "] = " + std::to_string(v.shape[i]));
       break;
     }
@@ -270,7 +271,8 @@ std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& 
     } else if (t->role == Role::inout) {
       std::vector<unsigned char> want = t->before;
       run.expected_inout(*t, want);
-      if (std::memcmp(now, want.data(), t->size) != 0) return what + ": '" + t->name + "' is not as the append leaves it";
+      if (std::memcmp(now, want.data(), t->size) != 0)
+        return what + ": '" + t->name + "' is not as the append leaves it";
     } else if (std::memcmp(now, t->before.data(), t->size) != 0) {
       return what + ": wrote to the input '" + t->name + "'";
     }

@@ -26,7 +26,7 @@ struct Case {
   int32_t* num_splits = nullptr;
   bool attention_options = true;  // merge_states reads only num_threads and stream
   int mutations = 0;
-  std::string log;          // the mutations, for a failure's message
+  std::string log;  // the mutations, for a failure's message
 
   Tensor& add(const char* name, Role role, TensorView& view, std::vector<int32_t> ints = {}) {
     tensors.push_back({});
@@ -49,11 +49,11 @@ struct Case {
   }
 };
 
-// The common part of every operation's case: buffers, the reference, the call, and the checks of
-// what a call may write. `prepare` sets contents that depend on other tensors (a backward's out
-// and lse, the cache slots no sequence holds); `reference` runs before the call (an append changes the cache); `call`
-// runs the engine; `check` compares an accepted call's results; `expected_inout` says what the
-// bytes of a read-and-written tensor must be after an accepted call.
+// What an operation gives `conclude`: `validate` (for views too large to allocate), `prepare` (sets
+// contents that depend on other tensors: a backward's out and lse, the cache slots no sequence
+// holds), `reference` (runs before the call: an append changes the cache), `call` (the engine),
+// `check` (an accepted call's results) and `expected_inout` (what the bytes of a read-and-written
+// tensor must be after an accepted call).
 struct Run {
   std::function<void()> validate, prepare, reference, call;
   std::function<std::string()> check;
@@ -65,6 +65,8 @@ void gen_options(ByteSource& in, flashattn::AttnOptions& o);
 void mutate_views(ByteSource& in, Case& c);
 // How many mutations a case gets: none for half of them, else one to three.
 int mutation_count(ByteSource& in);
+// Allocates every buffer (or only validates, for views too large), applies the pointer mutations,
+// runs the reference and the call, and returns what broke the API's promises ("" if nothing).
 std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& run, std::mt19937& rng);
 
 }  // namespace fa_fuzz
