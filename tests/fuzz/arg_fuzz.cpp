@@ -520,4 +520,15 @@ std::string run_case(const uint8_t* data, size_t size, bool on_gpu) {
   }
 }
 
+std::string run_fixed_cases(uint32_t seed, int count, bool on_gpu) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes(96);
+  for (int i = 0; i < count; ++i) {
+    for (uint8_t& b : bytes) b = uint8_t(rng());
+    const std::string broken = run_case(bytes.data(), bytes.size(), on_gpu);
+    if (!broken.empty()) return "case " + std::to_string(i) + ": " + broken;
+  }
+  return "";
+}
+
 }  // namespace fa_fuzz
