@@ -31,12 +31,13 @@ void merge_typed(const core::MergeParams& p) {
     const int64_t r_end = std::min(rows, (task + 1) * kRowsPerTask);
     for (int64_t r = task * kRowsPerTask; r < r_end; ++r) {
       const int64_t t = r / p.heads, h = r % p.heads;
-      const Acc* lse_i = lse_parts + t * p.lp_token + h * p.lp_head;
+      // Offsets, not pointers: with no parts the part tensors may be empty with null data.
+      const int64_t lse_row = t * p.lp_token + h * p.lp_head;
       core::MergeState<Acc> ms;
-      for (int64_t i = 0; i < p.parts; ++i) ms.see(lse_i[i * p.lp_part]);
+      for (int64_t i = 0; i < p.parts; ++i) ms.see(lse_parts[lse_row + i * p.lp_part]);
       std::fill(o, o + d, Acc(0));
       for (int64_t i = 0; i < p.parts; ++i) {
-        const Acc w = ms.add_weight(lse_i[i * p.lp_part]);
+        const Acc w = ms.add_weight(lse_parts[lse_row + i * p.lp_part]);
         // An empty part may hold anything (its o is undefined); skipping it keeps 0 * NaN out.
         if (w == Acc(0)) continue;
         const T* oi = o_parts + i * p.op_part + t * p.op_token + h * p.op_head;

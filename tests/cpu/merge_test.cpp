@@ -215,4 +215,19 @@ TEST(Merge, SameBitsForAnyThreadCount) {
   EXPECT_TRUE(one == p.out.storage);
 }
 
+// Merging no parts at all is merging empty sets: out = 0 and lse = -inf, and the part tensors,
+// being empty, may have null data (found by tests/fuzz: the row's lse pointer was formed from it).
+TEST(Merge, NoPartsGiveZeroAndMinusInfinity) {
+  std::vector<float> out(2 * 3 * 8, std::numeric_limits<float>::quiet_NaN()), lse(2 * 3, 0.f);
+  flashattn::MergeArgs a;
+  a.o_parts = flashattn::TensorView::contiguous(nullptr, flashattn::DType::f32, {0, 2, 3, 8});
+  a.lse_parts = flashattn::TensorView::contiguous(nullptr, flashattn::DType::f32, {0, 2, 3});
+  a.out = flashattn::TensorView::contiguous(out.data(), flashattn::DType::f32, {2, 3, 8});
+  a.lse = flashattn::TensorView::contiguous(lse.data(), flashattn::DType::f32, {2, 3});
+  flashattn::merge_states(a);
+  for (float x : out) EXPECT_EQ(x, 0.f);
+  for (float x : lse) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+}
+
 }  // namespace
+
