@@ -81,6 +81,20 @@ std::string rule(const std::vector<double>& got, const std::vector<double>& exac
   return r ? "" : r.message();
 }
 
+// The rule for an f32 lse, plus 4 ulp of the largest |lse|: the plain implementation's exact tanh
+// and exp leave it a fraction of an ulp, while the engines' vector exp2 and tanh (about 1e-7
+// relative each) move an lse of 14 (softcap 12.5) by 2-3 ulp.
+std::string lse_rule(const std::vector<double>& got, const std::vector<double>& exact,
+                     const std::vector<double>& plain, DType t) {
+  if (t == DType::f64) return rule(got, exact, plain, t, 2.0, "lse");
+  double top = 0;
+  for (double x : exact)
+    if (std::isfinite(x)) top = std::max(top, std::fabs(x));
+  const double err = fa_test::max_abs_diff(got, exact), base = fa_test::max_abs_diff(plain, exact);
+  const double bound = 2 * base + fa_test::default_atol(t) + 4 * top * 0x1p-23;
+  return err <= bound ? "" : "lse: max error " + std::to_string(err) + " exceeds " + std::to_string(bound);
+}
+
 // Sizes of an attention problem: dtype, head dim, heads, and sequence lengths.
 struct Dims {
   DType dtype;
@@ -185,7 +199,7 @@ std::string fuzz_forward(ByteSource& in, std::mt19937& rng) {
     if (r.empty() && args.lse.rank) {
       std::vector<double> lse = values(args.lse);
       r = untouched_outside(lse, exact.lse, plain.lse, rows, 0, args.lse.shape[1], "lse");
-      if (r.empty()) r = rule(lse, exact.lse, plain.lse, s.dtype, 2.0, "lse");
+      if (r.empty()) r = lse_rule(lse, exact.lse, plain.lse, s.dtype);
     }
     return r;
   };
@@ -435,7 +449,7 @@ std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
   };
   run.check = [&] {
     std::string r = rule(values(args.out), exact.out, plain.out, s.dtype, 2.0, "out");
-    if (r.empty() && args.lse.rank) r = rule(values(args.lse), exact.lse, plain.lse, s.dtype, 2.0, "lse");
+    if (r.empty() && args.lse.rank) r = lse_rule(values(args.lse), exact.lse, plain.lse, s.dtype);
     return r;
   };
   return conclude(in, c, planned ? "decode (planned)" : via_c ? "decode (C ABI)" : "decode", run, rng);
