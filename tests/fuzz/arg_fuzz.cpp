@@ -29,6 +29,7 @@
 #include "c_abi_route.h"
 #include "core/numeric.h"
 #include "fuzz_case.h"
+#include "fuzz_device.h"
 #include "fuzz_tensors.h"
 #include "reference/reference.h"
 #include "test_util.h"
@@ -427,7 +428,15 @@ std::string fuzz_decode(ByteSource& in, std::mt19937& rng) {
     if (via_c) return c_abi::decode(args);
     if (!planned) return flashattn::decode(args);
     flashattn::DecodePlan plan = flashattn::plan_decode(args);
-    flashattn::decode(args, plan, nullptr);
+    // The workspace of a GPU run: device memory of exactly the plan's size (none on the CPU).
+    void* ws = g_on_gpu ? gpu_alloc(size_t(plan.workspace_bytes)) : nullptr;
+    try {
+      flashattn::decode(args, plan, ws);
+    } catch (const flashattn::Error&) {
+      if (ws) gpu_free(ws);
+      throw;
+    }
+    if (ws) gpu_free(ws);
   };
   // An accepted append wrote k_new / v_new at tokens [len, len + sn) of each sequence, nothing else.
   run.expected_inout = [&](Tensor& t, std::vector<unsigned char>& want) {

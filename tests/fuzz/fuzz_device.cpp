@@ -46,7 +46,10 @@ void gpu_download(void* dst, const void* src, size_t bytes) {
   if (bytes) ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
 }
 
-void gpu_free(void* p) { ok(cudaFree(p), "cudaFree"); }
+void gpu_free(void* p) {
+  ok(cudaDeviceSynchronize(), "the call's kernels");  // a workspace may still be in use
+  ok(cudaFree(p), "cudaFree");
+}
 
 #else
 

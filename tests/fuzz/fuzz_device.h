@@ -14,6 +14,7 @@ void* gpu_alloc(size_t bytes);
 void gpu_upload(void* dst, const void* src, size_t bytes);
 // Waits for the device first, so that it reports the call's kernels' errors.
 void gpu_download(void* dst, const void* src, size_t bytes);
+// Waits for the device too: the memory may still be in use by the call.
 void gpu_free(void* p);
 
 }  // namespace fa_fuzz
