@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "c_abi_util.h"
 #include "flashattn/flashattn.h"
 #include "gpu_util.h"
 
@@ -598,31 +599,7 @@ TEST_F(GpuDecode, CAbiPlanRunStatus) {
   Problem p = make_problem(c, 1000);
   const ref::Output exact = ref::decode(p.host, ref::Precision::f64);
   const ref::Output plain = ref::decode(p.host, ref::Precision::same_as_input);
-  auto tensor = [](const flashattn::TensorView& v) {
-    flashattn_tensor t{};
-    t.data = v.data;
-    t.dtype = int32_t(v.dtype);
-    t.device = int32_t(v.device);
-    t.device_index = v.device_index;
-    t.rank = v.rank;
-    for (int i = 0; i < v.rank; ++i) {
-      t.shape[i] = v.shape[i];
-      t.stride[i] = v.stride[i];
-    }
-    return t;
-  };
-  flashattn_decode_args a{};
-  a.struct_size = sizeof(a);
-  a.q = tensor(p.dev.q);
-  a.k_cache = tensor(p.dev.k_cache);
-  a.v_cache = tensor(p.dev.v_cache);
-  a.block_table = tensor(p.dev.block_table);
-  a.cache_seqlens = tensor(p.dev.cache_seqlens);
-  a.k_new = tensor(p.dev.k_new);
-  a.v_new = tensor(p.dev.v_new);
-  a.out = tensor(p.dev.out);
-  a.lse = tensor(p.dev.lse);
-  a.options = flashattn_default_options();
+  flashattn_decode_args a = c_decode_args(p.dev);
   flashattn_decode_plan plan{};
   plan.struct_size = sizeof(plan);
   ASSERT_EQ(flashattn_plan_decode(&a, 0, &plan), FLASHATTN_OK) << flashattn_last_error();
