@@ -40,6 +40,23 @@ inline void store(void* p, DType t, int64_t off, double x) {
   }
 }
 
+// Offset (elements) of logical index `i` of a view (row-major over the shape).
+inline int64_t offset_of(const TensorView& v, int64_t i) {
+  int64_t off = 0;
+  for (int d = v.rank - 1; d >= 0; --d) {
+    off += (i % v.shape[d]) * v.stride[d];
+    i /= v.shape[d];
+  }
+  return off;
+}
+
+// A host view's elements in logical order, as doubles.
+inline std::vector<double> values(const TensorView& v) {
+  std::vector<double> r(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = flashattn::reference::load(v.data, v.dtype, offset_of(v, int64_t(i)));
+  return r;
+}
+
 // A host tensor with its own storage. `pad` adds that many elements to the stride of every
 // dimension but the last, so the view is non-contiguous (as slices of larger tensors are).
 struct HostTensor {
@@ -73,25 +90,13 @@ struct HostTensor {
 
   int64_t numel() const { return view.numel(); }
 
-  // Offset (elements) of logical index `i` (row-major over the shape).
-  int64_t offset_of(int64_t i) const {
-    int64_t off = 0;
-    for (int d = view.rank - 1; d >= 0; --d) {
-      off += (i % view.shape[d]) * view.stride[d];
-      i /= view.shape[d];
-    }
-    return off;
-  }
+  int64_t offset_of(int64_t i) const { return fa_test::offset_of(view, i); }
 
   double get(int64_t i) const { return flashattn::reference::load(view.data, view.dtype, offset_of(i)); }
 
   void set(int64_t i, double x) { store(view.data, view.dtype, offset_of(i), x); }
 
-  std::vector<double> values() const {
-    std::vector<double> v(static_cast<size_t>(numel()));
-    for (int64_t i = 0; i < numel(); ++i) v[size_t(i)] = get(i);
-    return v;
-  }
+  std::vector<double> values() const { return fa_test::values(view); }
 
   void fill_uniform(std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
     std::uniform_real_distribution<double> u(lo, hi);

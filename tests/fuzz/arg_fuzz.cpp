@@ -38,14 +38,9 @@ namespace fa_fuzz {
 namespace {
 
 namespace ref = flashattn::reference;
+using fa_test::values;
 using flashattn::AttnOptions;
 using flashattn::DeviceType;
-
-std::vector<double> values(const TensorView& v) {
-  std::vector<double> r(size_t(numel(v)));
-  for (size_t i = 0; i < r.size(); ++i) r[i] = ref::load(v.data, v.dtype, offset_of(v, int64_t(i)));
-  return r;
-}
 
 DType lse_type(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -210,7 +205,7 @@ std::string fuzz_forward(ByteSource& in, std::mt19937& rng) {
 // Writes values (logical order) into t through its view, if the view still points at t's bytes.
 void write_values(Tensor& t, const std::vector<double>& v) {
   if (t.view->data != t.bytes.get() || !t.size) return;
-  for (int64_t i = 0; i < numel(*t.view) && size_t(i) < v.size(); ++i)
+  for (int64_t i = 0; i < t.view->numel() && size_t(i) < v.size(); ++i)
     store(*t.view, offset_of(*t.view, i), v[size_t(i)]);
 }
 

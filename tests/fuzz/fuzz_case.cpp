@@ -53,11 +53,11 @@ std::string must_reject(const Case& c) {
     }
     if (int(v.dtype) < 0 || int(v.dtype) > 4) return "an unknown dtype" + at;
     if (v.device != first.device || v.device_index != first.device_index) return "a tensor on another device" + at;
-    if (!t.size || numel(v) == 0) continue;
+    if (!t.size || v.numel() == 0) continue;
     if (v.data == nullptr) return "null data" + at;
     if (t.role == Role::output && v.data != t.bytes.get())
       for (const Tensor& other : c.tensors)
-        if (&other != &t && other.view->rank != 0 && v.data == other.bytes.get() && numel(*other.view) > 0)
+        if (&other != &t && other.view->rank != 0 && v.data == other.bytes.get() && other.view->numel() > 0)
           return std::string("an output aliasing '") + other.name + "'" + at;
   }
   const AttnOptions& o = *c.options;

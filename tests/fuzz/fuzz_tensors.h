@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
+#include "test_util.h"
 
 namespace fa_fuzz {
 
 using flashattn::DType;
 using flashattn::TensorView;
+using fa_test::offset_of;
 
 // The fuzzer's bytes read as a sequence of choices; past the end every choice is 0 (the first
 // option), so any input, even an empty one, describes one whole case.
@@ -136,16 +138,6 @@ inline std::optional<size_t> span_bytes(const TensorView& v, size_t limit) {
   return size_t(bytes);
 }
 
-// Offset in elements of logical element i (row-major over the shape).
-inline int64_t offset_of(const TensorView& v, int64_t i) {
-  int64_t off = 0;
-  for (int d = v.rank - 1; d >= 0; --d) {
-    off += (i % v.shape[d]) * v.stride[d];
-    i /= v.shape[d];
-  }
-  return off;
-}
-
 // Whether two elements of a view share memory (a broadcast or otherwise overlapping layout): with
 // the dimensions sorted by stride, each stride must step past the span of the smaller ones.
 inline bool self_overlapping(const TensorView& v) {
@@ -164,12 +156,6 @@ inline bool self_overlapping(const TensorView& v) {
   return false;
 }
 
-inline int64_t numel(const TensorView& v) {
-  int64_t n = 1;
-  for (int i = 0; i < v.rank; ++i) n *= v.shape[i];
-  return n;
-}
-
 // Allocates t's bytes for its view (exactly the span; new[0] for an empty view, a unique pointer
 // AddressSanitizer guards) and fills them: NaN everywhere, then, for inputs, a normal random value
 // per element, and for index arrays their intended contents (0 where a changed shape asks for more).
@@ -179,7 +165,7 @@ inline void materialize(Tensor& t, size_t span, std::mt19937& rng, void (*store)
   t.size = span;
   std::memset(t.bytes.get(), t.view->dtype == DType::i32 ? 0x7f : 0xff, span);
   t.view->data = t.bytes.get();
-  const int64_t n = span ? numel(*t.view) : 0;
+  const int64_t n = span ? t.view->numel() : 0;
   if (t.role == Role::index) {
     for (int64_t i = 0; i < n; ++i)  // through `store`: a mutation may have changed the dtype
       store(*t.view, offset_of(*t.view, i), size_t(i) < t.ints.size() ? double(t.ints[size_t(i)]) : 0.0);
