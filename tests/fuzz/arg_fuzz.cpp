@@ -534,13 +534,15 @@ std::string fuzz_merge(ByteSource& in, std::mt19937& rng) {
   const bool via_c = in.chance(1, 4);
   run.call = [&] { via_c ? c_abi::merge_states(args) : flashattn::merge_states(args); };
   run.check = [&]() -> std::string {
-    const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : dt == DType::f16 ? 1.0 / 1024 : 1.0 / 128;
+    // The dtype after mutations: a mutation may turn both out and o_parts into another type.
+    const DType odt = args.out.dtype;
+    const double tol = odt == DType::f64 ? 1e-12 : odt == DType::f32 ? 1e-5 : odt == DType::f16 ? 1.0 / 1024 : 1.0 / 128;
     const std::vector<double> got = values(args.out);
     for (size_t i = 0; i < got.size(); ++i)
       if (!(std::fabs(got[i] - want_o[i]) <= tol * (1 + std::fabs(want_o[i]))))
         return "out[" + std::to_string(i) + "] = " + std::to_string(got[i]) + ", want " + std::to_string(want_o[i]);
     if (!args.lse.rank) return "";
-    const double ltol = dt == DType::f64 ? 1e-12 : 1e-5;
+    const double ltol = args.lse.dtype == DType::f64 ? 1e-12 : 1e-5;
     const std::vector<double> lse = values(args.lse);
     for (size_t i = 0; i < lse.size(); ++i)
       if (!(lse[i] == want_lse[i] || std::fabs(lse[i] - want_lse[i]) <= ltol * (1 + std::fabs(want_lse[i]))))
