@@ -199,16 +199,21 @@ void apply_options(const Checker& c, const AttnOptions& o, int64_t head_dim, cor
   s.stream = o.stream;
 }
 
+// The strides the engines compute offsets with: those of a tensor with no elements are 0. Its
+// strides address nothing, so the validation let them be anything, and an engine that still forms
+// a row's base offset (merge_states with no parts does, for each output row) must not overflow.
+int64_t stride_used(const TensorView& t, int i) { return t.numel() == 0 ? 0 : t.stride[i]; }
+
 core::Strides token_strides(const TensorView& t, bool varlen) {
   core::Strides s;
   if (varlen) {
     s.batch = 0;
-    s.row = t.stride[0];
-    s.head = t.stride[1];
+    s.row = stride_used(t, 0);
+    s.head = stride_used(t, 1);
   } else {
-    s.batch = t.stride[0];
-    s.row = t.stride[1];
-    s.head = t.stride[2];
+    s.batch = stride_used(t, 0);
+    s.row = stride_used(t, 1);
+    s.head = stride_used(t, 2);
   }
   return s;
 }
@@ -218,12 +223,12 @@ core::LseStrides lse_strides(const TensorView& t, bool varlen) {
   if (!t.defined()) return s;
   if (varlen) {
     s.batch = 0;
-    s.head = t.stride[0];
-    s.row = t.stride[1];
+    s.head = stride_used(t, 0);
+    s.row = stride_used(t, 1);
   } else {
-    s.batch = t.stride[0];
-    s.head = t.stride[1];
-    s.row = t.stride[2];
+    s.batch = stride_used(t, 0);
+    s.head = stride_used(t, 1);
+    s.row = stride_used(t, 2);
   }
   return s;
 }
@@ -496,10 +501,10 @@ core::DecodeParams validate_decode_shapes(const DecodeArgs& a) {
   p.k_cache = a.k_cache.data;
   p.v_cache = a.v_cache.data;
   p.block_table = p.paged ? static_cast<const int32_t*>(a.block_table.data) : nullptr;
-  p.block_table_row_stride = p.paged ? a.block_table.stride[0] : 0;
-  p.block_table_col_stride = p.paged ? a.block_table.stride[1] : 0;
+  p.block_table_row_stride = p.paged ? stride_used(a.block_table, 0) : 0;
+  p.block_table_col_stride = p.paged ? stride_used(a.block_table, 1) : 0;
   p.cache_seqlens = static_cast<const int32_t*>(a.cache_seqlens.data);
-  p.cache_seqlens_stride = a.cache_seqlens.stride[0];
+  p.cache_seqlens_stride = stride_used(a.cache_seqlens, 0);
   p.k_new = p.append ? a.k_new.data : nullptr;
   p.v_new = p.append ? a.v_new.data : nullptr;
   p.out = a.out.data;
@@ -510,12 +515,12 @@ core::DecodeParams validate_decode_shapes(const DecodeArgs& a) {
     p.knew_s = token_strides(a.k_new, false);
     p.vnew_s = token_strides(a.v_new, false);
   }
-  p.kc_page = a.k_cache.stride[0];
-  p.kc_row = a.k_cache.stride[1];
-  p.kc_head = a.k_cache.stride[2];
-  p.vc_page = a.v_cache.stride[0];
-  p.vc_row = a.v_cache.stride[1];
-  p.vc_head = a.v_cache.stride[2];
+  p.kc_page = stride_used(a.k_cache, 0);
+  p.kc_row = stride_used(a.k_cache, 1);
+  p.kc_head = stride_used(a.k_cache, 2);
+  p.vc_page = stride_used(a.v_cache, 0);
+  p.vc_row = stride_used(a.v_cache, 1);
+  p.vc_head = stride_used(a.v_cache, 2);
   p.lse_s = lse_strides(a.lse, false);
   return p;
 }
@@ -627,17 +632,17 @@ core::MergeParams validate_merge(const MergeArgs& a) {
   p.lse_parts = a.lse_parts.data;
   p.out = a.out.data;
   p.lse = a.lse.defined() ? a.lse.data : nullptr;
-  p.op_part = a.o_parts.stride[0];
-  p.op_token = a.o_parts.stride[1];
-  p.op_head = a.o_parts.stride[2];
-  p.lp_part = a.lse_parts.stride[0];
-  p.lp_token = a.lse_parts.stride[1];
-  p.lp_head = a.lse_parts.stride[2];
-  p.o_token = a.out.stride[0];
-  p.o_head = a.out.stride[1];
+  p.op_part = stride_used(a.o_parts, 0);
+  p.op_token = stride_used(a.o_parts, 1);
+  p.op_head = stride_used(a.o_parts, 2);
+  p.lp_part = stride_used(a.lse_parts, 0);
+  p.lp_token = stride_used(a.lse_parts, 1);
+  p.lp_head = stride_used(a.lse_parts, 2);
+  p.o_token = stride_used(a.out, 0);
+  p.o_head = stride_used(a.out, 1);
   if (a.lse.defined()) {
-    p.l_token = a.lse.stride[0];
-    p.l_head = a.lse.stride[1];
+    p.l_token = stride_used(a.lse, 0);
+    p.l_head = stride_used(a.lse, 1);
   }
   p.num_threads = a.options.num_threads;
   p.stream = a.options.stream;

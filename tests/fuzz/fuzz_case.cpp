@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -198,6 +200,8 @@ std::string conclude(ByteSource& in, Case& c, const std::string& op, const Run& 
   }
   if (in.chance(1, 6)) mutate_pointers(in, c);
   const std::string what = describe(c, op);
+  // A crash (a sanitizer's report) ends the process before any message: say the case first.
+  if (std::getenv("FLASHATTN_FUZZ_PRINT")) std::fprintf(stderr, "flashattn fuzz case: %s\n", what.c_str());
   if (run.prepare) run.prepare();
   for (Tensor* t : c.present()) t->before.assign(t->bytes.get(), t->bytes.get() + t->size);
   bool ref_ok = true;
