@@ -107,6 +107,66 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_lse else out
 
 
+def _unpack(packed, name, count, rank, num_heads_q=None):
+    """Views (no copy) of the tensors stacked in `packed`: with num_heads_q None, `count` slices of
+    its axis -3 ([..., count, heads, d], FlashAttention-2's packing); else q, k, v as consecutive
+    head ranges of its heads axis ([..., heads_q + 2 * heads_kv, d], FlashAttention-3's packing for
+    GQA). `rank` is the unpacked tensors' rank (4, or 3 when varlen)."""
+    shape = tuple(packed.shape)
+    if num_heads_q is None:
+        if len(shape) != rank + 1 or shape[-3] != count:
+            layout = "[batch, seqlen" if rank == 4 else "[total"
+            raise ValueError(f"{name}: expected {layout}, {count}, heads, head_dim], got shape {list(shape)}")
+        return tuple(packed[..., i, :, :] for i in range(count))
+    if len(shape) != rank:
+        layout = "[batch, seqlen" if rank == 4 else "[total"
+        raise ValueError(f"{name}: with num_heads_q, expected {layout}, heads_q + 2 * heads_kv, head_dim], "
+                         f"got shape {list(shape)}")
+    heads_kv2 = shape[-2] - num_heads_q if isinstance(num_heads_q, numbers.Integral) else 0
+    if heads_kv2 <= 0 or heads_kv2 % 2 or num_heads_q <= 0:
+        raise ValueError(f"num_heads_q: expected 1 <= num_heads_q < {shape[-2]} leaving an even number of KV heads "
+                         f"in {name}'s {shape[-2]}, got {num_heads_q!r}")
+    hq, hkv = int(num_heads_q), heads_kv2 // 2
+    return packed[..., :hq, :], packed[..., hq:hq + hkv, :], packed[..., hq + hkv:, :]
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              return_lse=False, deterministic=False, num_heads_q=None, *, dropout_p=0.0):
+    """flash_attn_func on q, k, v packed in one tensor: qkv [batch, seqlen, 3, heads, d], or
+    [batch, seqlen, heads_q + 2 * heads_kv, d] with num_heads_q (GQA). The three are read in place;
+    with torch, the gradient comes back as one tensor of qkv's shape."""
+    q, k, v = _unpack(qkv, "qkv", 3, 4, num_heads_q)
+    return flash_attn_func(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, deterministic,
+                           dropout_p=dropout_p)
+
+
+def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             return_lse=False, deterministic=False, *, dropout_p=0.0):
+    """flash_attn_func with k and v packed: kv [batch, seqlen_k, 2, heads_kv, d]."""
+    k, v = _unpack(kv, "kv", 2, 4)
+    return flash_attn_func(q, k, v, softmax_scale, causal, window_size, softcap, return_lse, deterministic,
+                           dropout_p=dropout_p)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, return_lse=False, deterministic=False,
+                                     num_heads_q=None, *, dropout_p=0.0):
+    """flash_attn_varlen_func on packed sequences whose q, k, v share one tensor: qkv [total, 3,
+    heads, d], or [total, heads_q + 2 * heads_kv, d] with num_heads_q; cu_seqlens serves both."""
+    q, k, v = _unpack(qkv, "qkv", 3, 3, num_heads_q)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale, causal,
+                                  window_size, softcap, return_lse, deterministic, dropout_p=dropout_p)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False,
+                                    deterministic=False, *, dropout_p=0.0):
+    """flash_attn_varlen_func with k and v packed: kv [total_k, 2, heads_kv, d]."""
+    k, v = _unpack(kv, "kv", 2, 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                  causal, window_size, softcap, return_lse, deterministic, dropout_p=dropout_p)
+
+
 def _cache_capacity(k_cache, block_table):
     if block_table is not None:
         return block_table.shape[1] * k_cache.shape[1]
