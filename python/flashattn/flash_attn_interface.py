@@ -113,13 +113,12 @@ def _unpack(packed, name, count, rank, num_heads_q=None):
     head ranges of its heads axis ([..., heads_q + 2 * heads_kv, d], FlashAttention-3's packing for
     GQA). `rank` is the unpacked tensors' rank (4, or 3 when varlen)."""
     shape = tuple(packed.shape)
+    layout = "[batch, seqlen" if rank == 4 else "[total"
     if num_heads_q is None:
         if len(shape) != rank + 1 or shape[-3] != count:
-            layout = "[batch, seqlen" if rank == 4 else "[total"
             raise ValueError(f"{name}: expected {layout}, {count}, heads, head_dim], got shape {list(shape)}")
         return tuple(packed[..., i, :, :] for i in range(count))
     if len(shape) != rank:
-        layout = "[batch, seqlen" if rank == 4 else "[total"
         raise ValueError(f"{name}: with num_heads_q, expected {layout}, heads_q + 2 * heads_kv, head_dim], "
                          f"got shape {list(shape)}")
     heads_kv2 = shape[-2] - num_heads_q if isinstance(num_heads_q, numbers.Integral) else 0
