@@ -14,9 +14,14 @@
 // Every sum is thus taken in a fixed order, so results are bitwise identical from run to run and
 // for any thread count, with no atomics. The price is recomputing S, P, dP and dS twice: 14 matmul
 // units per tile pair instead of 10 (1.4x the backward's nominal FLOPs).
+// When the (batch, KV head) pairs alone keep every worker busy, one pass does it all: a task owns
+// a pair, so both dK, dV of its key tiles and dQ of its query heads' rows (a double accumulator per
+// worker), and runs each tile pair once, 10 units, summing in the same order as the two passes:
+// the gradients are bitwise the same whichever schedule a thread count picks.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -33,17 +38,27 @@
 namespace flashattn::cpu {
 namespace {
 
-// Rows per query tile and keys per key tile. Each step copies one pair of streamed tiles (tile x d)
-// for tile x tile x d arithmetic, so larger tiles amortize the copies; the working set (Q, dO, K, V
-// tiles, the tile x tile scores, dP and softcap derivative, two double accumulators) must stay
-// within a core's L2: about 450 KiB at 128 x 64, 300 KiB at 64 x 128 and 270 KiB at 32 x 256.
-int64_t tile_for(int64_t head_dim) { return head_dim <= 64 ? 128 : head_dim <= 128 ? 64 : 32; }
+// Rows per query tile and keys per key tile, at every head dim. Each step copies one pair of
+// streamed tiles and adds its gradients into double accumulators, so larger tiles amortize those
+// passes. Measured on a 2-core AMD EPYC with AVX-512 (1 MiB L2 per core) on 2026-12-05, fwd + bwd
+// through the Python package, b=1, s=2048, non-causal / causal (bench/results/
+// cpu_backward_2026-12-05.txt): d=256 (8 heads) tiles of 32 1059 / 524 ms, 64 839 / 419, 128
+// 736 / 384; d=128 (16 heads) 64 about 850 / 440, 128 about 730 / 390; d=64 128 and 256 alike. At
+// d=256 the working set (Q, dO, K, V tiles, S, dP, the softcap derivative, dK, dV in double and a
+// dQ tile) is about 1.6 MiB, past that L2, and still the fastest there. The tile must not depend
+// on the thread count: it sets the order of every sum, which the thread count may not change.
+constexpr int64_t kTile = 128;
 
 // The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
-// FLASHATTN_CPU_KERNEL); AVX-512 machines run the AVX2 build of it.
+// FLASHATTN_CPU_KERNEL). The AVX-512 build needs tiles of whole 16-float vectors, so head dims
+// that are not a multiple of 16 (8 for double) take the AVX2 build there.
 template <class Acc>
-bwd::TileOps<Acc> tile_ops() {
+bwd::TileOps<Acc> tile_ops(int64_t head_dim) {
 #if defined(__x86_64__)
+  if (active_level() >= KernelLevel::avx512 && head_dim % (64 / int64_t(sizeof(Acc))) == 0) {
+    if constexpr (std::is_same_v<Acc, float>) return bwd::avx512_ops_f32();
+    else return bwd::avx512_ops_f64();
+  }
   if (active_level() >= KernelLevel::avx2) {
     if constexpr (std::is_same_v<Acc, float>) return bwd::avx2_ops_f32();
     else return bwd::avx2_ops_f64();
@@ -79,16 +94,17 @@ void heaviest_first(std::vector<Task>& tasks) {
 
 template <class Acc>
 struct Scratch {
-  // Q, dO and K, V tiles: each pass keeps one pair transposed (see bwd::TileStep).
-  std::vector<Acc> q, dout, k, v, p, dp, deriv;
-  std::vector<double> acc_k, acc_v;
+  // Q, dO and K, V tiles: each pass keeps one pair transposed (see bwd::TileStep); the one-pass
+  // schedule also keeps K row-major (k_rows) and dQ of its task's rows (acc_q, sized per task).
+  std::vector<Acc> q, dout, k, v, p, dp, deriv, k_rows;
+  std::vector<double> acc_k, acc_v, acc_q;
   std::vector<Acc> lse, delta;
   std::vector<int64_t> lo, hi;
 
   Scratch(int64_t tile, int64_t d)
       : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
         p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
-        acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
+        k_rows(size_t(tile * d)), acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
         delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)) {}
 };
 
@@ -96,7 +112,7 @@ template <class T, class Acc>
 class Backward {
  public:
   explicit Backward(const core::BackwardParams& p)
-      : p_(p), ops_(tile_ops<Acc>()), tile_(tile_for(p.head_dim)), d_(p.head_dim),
+      : p_(p), ops_(tile_ops<Acc>(p.head_dim)), tile_(kTile), d_(p.head_dim),
         lse_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
     for (int64_t b = 0; b < p.batch; ++b) {
       const Seq s = seq_of(p, b);
@@ -112,7 +128,25 @@ class Backward {
     }
     heaviest_first(row_tasks_);
     heaviest_first(key_tasks_);
-    const int64_t most = std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
+    // One pass with a single worker, or when the pairs give every worker four tasks (the heaviest
+    // first, so that they end together), and a task's dQ accumulator within kMaxDqBytes.
+    int64_t longest = 0;
+    for (int64_t b = 0; b < p.batch; ++b) longest = std::max(longest, seq_of(p, b).sq);
+    const int64_t pairs = p.batch * p.heads_kv, workers = workers_for(pairs, p.num_threads);
+    const int64_t dq_bytes = p.group() * ((longest + tile_ - 1) / tile_) * tile_ * d_ * int64_t(sizeof(double));
+    one_pass_ = (workers == 1 || pairs >= 4 * workers) && dq_bytes <= kMaxDqBytes;
+    if (one_pass_) {
+      std::map<std::pair<int64_t, int64_t>, int64_t> steps;  // (batch, KV head) -> its tile pairs
+      for (const Task& t : key_tasks_) steps[{t.b, t.head}] += t.steps;
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const Seq s = seq_of(p, b);
+        if (s.sq == 0 && s.sk == 0) continue;
+        for (int64_t h = 0; h < p.heads_kv; ++h) pair_tasks_.push_back({b, h, 0, steps[{b, h}]});
+      }
+      heaviest_first(pair_tasks_);
+    }
+    const int64_t most =
+        one_pass_ ? int64_t(pair_tasks_.size()) : std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
     scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_));
     step_.bm = step_.bn = tile_;
     step_.d = d_;
@@ -121,6 +155,11 @@ class Backward {
   }
 
   void run() {
+    if (one_pass_) {
+      parallel_for(int64_t(pair_tasks_.size()), p_.num_threads,
+                   [&](int64_t i, int worker) { pair_task(pair_tasks_[size_t(i)], scratch_[size_t(worker)]); });
+      return;
+    }
     parallel_for(int64_t(row_tasks_.size()), p_.num_threads,
                  [&](int64_t i, int worker) { dq_task(row_tasks_[size_t(i)], scratch_[size_t(worker)]); });
     parallel_for(int64_t(key_tasks_.size()), p_.num_threads,
@@ -257,12 +296,7 @@ class Backward {
         const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
         if (t.tile < range.n_begin || t.tile >= range.n_end) continue;  // its rows all see nothing
         load_query_tile(s, t.b, h, r0, rows, false, w);
-        for (int64_t i = 0; i < tile_; ++i) {
-          const bool real = i < rows;
-          const size_t at = size_t(h * p_.total_q + s.q_row0 + r0 + i);
-          w.lse[size_t(i)] = real ? lse_[at] : std::numeric_limits<Acc>::infinity();
-          w.delta[size_t(i)] = real ? delta_[at] : Acc(0);
-        }
+        tile_statistics(s, h, r0, rows, w);
         st.masked = range.needs_mask(t.tile);
         ops_.dkdv(st);
       }
@@ -271,11 +305,83 @@ class Backward {
     store_tile<T>(p_.dv, p_.dv_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_v.data(), 1.0);
   }
 
+  // The one-pass schedule's task: every gradient of one (batch, KV head) pair. The row statistics
+  // of its query heads first, then per key tile (in order) each query head and tile that sees it:
+  // dK, dV of the key tile and dQ of the query tile from one S, P, dP, dS.
+  void pair_task(const Task& t, Scratch<Acc>& w) {
+    const Seq s = seq_of(p_, t.b);
+    const core::MaskSpec mask = mask_of(s);
+    const int64_t q_tiles = (s.sq + tile_ - 1) / tile_, per_head = q_tiles * tile_ * d_;
+    const int64_t h0 = t.head * p_.group();
+    for (int64_t h = h0; h < h0 + p_.group(); ++h)
+      for (int64_t r = 0; r < s.sq; ++r) row_statistics_from_memory(s, t.b, h, r);
+    w.acc_q.assign(size_t(p_.group() * per_head), 0.0);
+    bwd::TileStep<Acc> st = step_for(w, false);
+    st.k = w.k_rows.data();
+    for (int64_t c0 = 0; c0 < s.sk; c0 += tile_) {
+      const int64_t cols = std::min(tile_, s.sk - c0), n = c0 / tile_;
+      load_key_tile(s, t.b, t.head, c0, cols, true, w);
+      load_tile<T>(w.k_rows.data(), tile_, p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head, d_);
+      std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
+      std::fill(w.acc_v.begin(), w.acc_v.end(), 0.0);
+      st.n0 = c0;
+      const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
+      for (int64_t h = h0; h < h0 + p_.group(); ++h)
+        for (int64_t m = m_begin; m < m_end; ++m) {
+          const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
+          const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
+          if (n < range.n_begin || n >= range.n_end) continue;
+          load_query_tile(s, t.b, h, r0, rows, false, w);
+          tile_statistics(s, h, r0, rows, w);
+          st.masked = range.needs_mask(n);
+          st.dq = w.acc_q.data() + (h - h0) * per_head + r0 * d_;
+          ops_.fused(st);
+        }
+      store_tile<T>(p_.dk, p_.dk_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_k.data(), double(p_.scale));
+      store_tile<T>(p_.dv, p_.dv_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_v.data(), 1.0);
+    }
+    for (int64_t h = h0; h < h0 + p_.group(); ++h)
+      for (int64_t r0 = 0; r0 < s.sq; r0 += tile_)
+        store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, std::min(tile_, s.sq - r0), h, d_,
+                      w.acc_q.data() + (h - h0) * per_head + r0 * d_, double(p_.scale));
+  }
+
+  // row_statistics for one row, reading dO from the tensor: the same products in the same order.
+  void row_statistics_from_memory(const Seq& s, int64_t b, int64_t h, int64_t r) {
+    const T* out = static_cast<const T*>(p_.out);
+    const T* dout = static_cast<const T*>(p_.dout);
+    const Acc given = static_cast<const Acc*>(p_.lse)[p_.lse_s.offset(b, s.q_tok0 + r, h)];
+    constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
+    Acc l = kInf, delta = 0;
+    if (given != -kInf) {
+      const T* o = out + p_.o_s.offset(b, s.q_tok0 + r, h);
+      const T* g = dout + p_.do_s.offset(b, s.q_tok0 + r, h);
+      for (int64_t x = 0; x < d_; ++x) delta += load_acc<Acc>(g + x) * load_acc<Acc>(o + x);
+      l = given;
+    }
+    lse_[size_t(h * p_.total_q + s.q_row0 + r)] = l;
+    delta_[size_t(h * p_.total_q + s.q_row0 + r)] = delta;
+  }
+
+  // A query tile's lse and D from the shared buffers into w (padding rows: +inf and 0).
+  void tile_statistics(const Seq& s, int64_t h, int64_t r0, int64_t rows, Scratch<Acc>& w) const {
+    for (int64_t i = 0; i < tile_; ++i) {
+      const bool real = i < rows;
+      const size_t at = size_t(h * p_.total_q + s.q_row0 + r0 + i);
+      w.lse[size_t(i)] = real ? lse_[at] : std::numeric_limits<Acc>::infinity();
+      w.delta[size_t(i)] = real ? delta_[at] : Acc(0);
+    }
+  }
+
+  static constexpr int64_t kMaxDqBytes = int64_t(64) << 20;
+
   const core::BackwardParams& p_;
   const bwd::TileOps<Acc> ops_;
   const int64_t tile_, d_;
   std::vector<Acc> lse_, delta_;  // [heads_q][total_q], written by pass 1, read by pass 2
   std::vector<Task> row_tasks_, key_tasks_;
+  bool one_pass_ = false;
+  std::vector<Task> pair_tasks_;  // the one-pass schedule's (batch, KV head) tasks
   std::vector<Scratch<Acc>> scratch_;
   bwd::TileStep<Acc> step_;  // the shape and score constants shared by every step
 };

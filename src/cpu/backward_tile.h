@@ -1,7 +1,7 @@
 // The arithmetic of one (query tile, key tile) step of the CPU backward, behind a table of
 // function pointers so that the same source (backward_tile_impl.h) runs compiled for plain x86-64
-// (backward_portable.cpp) or for AVX2 + FMA (backward_avx2.cpp), picked per call by the engine's
-// active SIMD level (simd.h).
+// (backward_portable.cpp), for AVX2 + FMA (backward_avx2.cpp) or for AVX-512 (backward_avx512.cpp),
+// picked per call by the engine's active SIMD level (simd.h).
 //
 // All tiles are dense, row-major, in accumulator precision T (float, or double for f64), padded to
 // full size with zeros: a padded query row has lse = +inf (so P = 0) and a padded key is outside
@@ -51,11 +51,14 @@ template <class T>
 struct TileOps {
   void (*dkdv)(const TileStep<T>&);  // dV += P^T dO, dK += dS^T Q
   void (*dq)(const TileStep<T>&);    // dQ += dS K
+  void (*fused)(const TileStep<T>&);  // all three, in the key tile's view
 };
 
 TileOps<float> portable_ops_f32();
 TileOps<double> portable_ops_f64();
 TileOps<float> avx2_ops_f32();
 TileOps<double> avx2_ops_f64();
+TileOps<float> avx512_ops_f32();
+TileOps<double> avx512_ops_f64();
 
 }  // namespace flashattn::cpu::bwd

@@ -231,11 +231,20 @@ void dq_step(const TileStep<T>& st) {
   gemm<true, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
+// Both sides of a pair at once, for a task that owns dQ of every query row of its KV head group:
+// the key tile's view (dkdv_step), then dQ += dS K from the same dS, K row-major in st.k. The same
+// products in the same order as dq_step's, so the gradients are bitwise those of the two passes.
+template <class T, int W, int NV>
+void fused_step(const TileStep<T>& st) {
+  dkdv_step<T, W, NV>(st);
+  gemm<false, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+}
+
 // W lanes per vector and NV vectors per register-block row: kMR * NV accumulators plus NV loads
 // and a broadcast must fit the ISA's registers.
 template <class T, int W, int NV>
 TileOps<T> make_ops() {
-  return TileOps<T>{&dkdv_step<T, W, NV>, &dq_step<T, W, NV>};
+  return TileOps<T>{&dkdv_step<T, W, NV>, &dq_step<T, W, NV>, &fused_step<T, W, NV>};
 }
 
 }  // namespace

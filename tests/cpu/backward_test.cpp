@@ -30,7 +30,7 @@ namespace reference = flashattn::reference;
 struct Case {
   std::string name;
   DType dtype = DType::f32;
-  // Several tiles each way (64 or 128 rows and keys, by head dim), none of them full.
+  // Several tiles each way (the CPU backward's are 128 rows and keys), none of them full.
   int64_t batch = 2, sq = 150, sk = 270, hq = 4, hkv = 2, d = 64;
   bool causal = false;
   int64_t wl = -1, wr = -1;
@@ -389,6 +389,36 @@ TEST(BackwardDeterminism, BitwiseEqualAcrossRunsAndThreadCounts) {
     pr.run();
     EXPECT_TRUE(one == two) << "1 vs 2 threads differ (" << flashattn::dtype_name(dtype) << ")";
     EXPECT_TRUE(two == grads_bytes(pr)) << "two runs differ (" << flashattn::dtype_name(dtype) << ")";
+  }
+}
+
+// One thread runs the one-pass schedule ((batch, KV head) tasks own dQ too); 64 threads over at
+// most 6 pairs run the two passes. Both sum every gradient in the same order, so they must agree
+// bit for bit: empty and partial sequences, every mask and softcap, each dtype, GQA.
+TEST(BackwardDeterminism, OnePassAndTwoPassSchedulesAgreeBitwise) {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32, DType::f64}) {
+    Case c;
+    c.dtype = dtype;
+    c.sq = 150, c.sk = 270, c.hq = 6, c.hkv = 3, c.causal = true, c.softcap = 4.f;
+    cases.push_back(c);
+  }
+  Case w;
+  w.wl = 40, w.wr = 7, w.d = 128, w.hq = 2, w.hkv = 1;
+  cases.push_back(w);
+  Case v;
+  v.cu_q = {0, 37, 37, 190, 191}, v.cu_k = {0, 0, 64, 300, 420}, v.causal = true, v.hq = 3, v.hkv = 1;
+  cases.push_back(v);
+  for (const Case& c : cases) {
+    Problem pr(c);
+    pr.opts.num_threads = 1;
+    pr.run();
+    const std::vector<unsigned char> one_pass = grads_bytes(pr);
+    pr.opts.num_threads = 64;
+    pr.run();
+    EXPECT_TRUE(one_pass == grads_bytes(pr))
+        << flashattn::dtype_name(c.dtype) << " d " << c.d << (c.cu_q.empty() ? "" : " varlen")
+        << ": the one-pass and two-pass schedules differ";
   }
 }
 

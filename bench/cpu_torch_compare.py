@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""The CPU engine beside PyTorch's own CPU attention (F.scaled_dot_product_attention on CPU tensors,
+its fused flash kernel), in one process, forward and forward + backward.
+
+Rounds alternate ours and PyTorch's, each timing one call after one untimed call; the table gives
+the medians and PyTorch's time over ours (above 1: ours is faster). Both get torch's thread count
+(--threads), and ours num_threads through the package's default (all of torch's). GFLOP/s counts
+4·b·h·s²·d for the forward, half when causal, and 3.5 times that for forward + backward (the
+backward's 2.5). fp32, layouts as each library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d].
+
+  python3 bench/cpu_torch_compare.py --threads 2
+  FLASHATTN_CPU_KERNEL=avx2 python3 bench/cpu_torch_compare.py   # our engine capped at AVX2
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import flashattn
+
+
+def timed(fn):
+    fn()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--shapes", default="1,16,2048,128,0;1,16,2048,128,1;1,16,2048,64,1;4,8,1024,64,0",
+                    help="b,h,s,d,causal;...")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {args.threads} threads, flashattn {flashattn.__version__} "
+          f"({flashattn.build_info()['cpu_kernel']} kernels), fp32, medians of {args.rounds} rounds")
+    print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
+    for shape in args.shapes.split(";"):
+        b, h, s, d, causal = (int(x) for x in shape.split(","))
+        causal = bool(causal)
+        q, k, v = (torch.randn(b, s, h, d, requires_grad=True) for _ in range(3))
+        qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+        g = torch.randn(b, s, h, d)
+        gt = g.transpose(1, 2).contiguous()
+        with torch.no_grad():
+            ours_out = flashattn.flash_attn_func(q, k, v, causal=causal)
+            ref_out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+        diff = (ours_out - ref_out).abs().max().item()
+        fwd = {"ours": [], "torch": []}
+        both = {"ours": [], "torch": []}
+        for _ in range(args.rounds):
+            with torch.no_grad():
+                fwd["ours"].append(timed(lambda: flashattn.flash_attn_func(q, k, v, causal=causal)))
+                fwd["torch"].append(timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)))
+            both["ours"].append(timed(lambda: torch.autograd.grad(
+                flashattn.flash_attn_func(q, k, v, causal=causal), (q, k, v), g)))
+            both["torch"].append(timed(lambda: torch.autograd.grad(
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), (qt, kt, vt), gt)))
+        f_o, f_t = statistics.median(fwd["ours"]), statistics.median(fwd["torch"])
+        b_o, b_t = statistics.median(both["ours"]), statistics.median(both["torch"])
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        print(f"{b:3d} {h:3d} {s:5d} {d:4d} {int(causal):6d} | {f_o * 1e3:8.1f} {f_t * 1e3:6.1f} {f_t / f_o:6.2f} | "
+              f"{b_o * 1e3:12.1f} {b_t * 1e3:6.1f} {b_t / b_o:6.2f} | {flops / f_o / 1e9:.0f}, "
+              f"{3.5 * flops / b_o / 1e9:.0f}   max|out diff| {diff:.1e}")
+
+
+if __name__ == "__main__":
+    main()
