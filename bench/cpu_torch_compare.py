@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The CPU engine beside PyTorch's own CPU attention (F.scaled_dot_product_attention on CPU tensors,
-its fused flash kernel), in one process, forward and forward + backward.
+its fused flash kernel), in one process: forward and forward + backward, then decoding (one new
+token per sequence against a KV cache: our flash_attn_with_kvcache beside SDPA with enable_gqa on
+the cache, GB/s of K and V read).
 
 Rounds alternate ours and PyTorch's, each timing one call after one untimed call; the table gives
 the medians and PyTorch's time over ours (above 1: ours is faster). Both get torch's thread count
@@ -34,6 +36,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shapes", default="1,16,2048,128,0;1,16,2048,128,1;1,16,2048,64,1;4,8,1024,64,0",
                     help="b,h,s,d,causal;...")
+    ap.add_argument("--decode", default="1,8192;8,4096;1,32768",
+                    help="b,kv;... (32 query heads on 8 KV heads, d = 128; empty: none)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -67,6 +71,29 @@ def main():
         print(f"{b:3d} {h:3d} {s:5d} {d:4d} {int(causal):6d} | {f_o * 1e3:8.1f} {f_t * 1e3:6.1f} {f_t / f_o:6.2f} | "
               f"{b_o * 1e3:12.1f} {b_t * 1e3:6.1f} {b_t / b_o:6.2f} | {flops / f_o / 1e9:.0f}, "
               f"{3.5 * flops / b_o / 1e9:.0f}   max|out diff| {diff:.1e}")
+    if args.decode:
+        decode(args)
+
+
+def decode(args):
+    print("decode: 32 query heads on 8 KV heads, d = 128, one new token, fp32")
+    print("  b     kv | ours ms  torch ms  ratio | GB/s ours  torch   max|out diff|")
+    for shape in args.decode.split(";"):
+        b, kv = (int(x) for x in shape.split(","))
+        q = torch.randn(b, 1, 32, 128)
+        k_cache, v_cache = torch.randn(b, kv, 8, 128), torch.randn(b, kv, 8, 128)
+        lens = torch.full((b,), kv, dtype=torch.int32)
+        qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
+        ours_fn = lambda: flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)  # noqa: E731
+        ref_fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
+        diff = (ours_fn() - ref_fn().transpose(1, 2)).abs().max().item()
+        rounds = {"ours": [], "torch": []}
+        for _ in range(4 * args.rounds):
+            rounds["ours"].append(timed(ours_fn))
+            rounds["torch"].append(timed(ref_fn))
+        o, t = statistics.median(rounds["ours"]), statistics.median(rounds["torch"])
+        gb = 2 * b * kv * 8 * 128 * 4 / 1e9
+        print(f"{b:3d} {kv:6d} | {o * 1e3:7.2f} {t * 1e3:9.2f} {t / o:6.2f} | {gb / o:9.1f} {gb / t:6.1f}   {diff:.1e}")
 
 
 if __name__ == "__main__":
