@@ -5,8 +5,8 @@ token per sequence against a KV cache: our flash_attn_with_kvcache beside SDPA w
 the cache, GB/s of K and V read).
 
 Rounds alternate ours and PyTorch's, each timing one call after one untimed call; the table gives
-the medians and PyTorch's time over ours (above 1: ours is faster). Both get torch's thread count
-(--threads), and ours num_threads through the package's default (all of torch's). GFLOP/s counts
+the medians and PyTorch's time over ours (above 1: ours is faster). --threads sets PyTorch's thread
+count; ours runs on every core (the package's default), so compare at --threads = the core count. GFLOP/s counts
 4·b·h·s²·d for the forward, half when causal, and 3.5 times that for forward + backward (the
 backward's 2.5). fp32, layouts as each library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d].
 

@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -37,27 +36,6 @@
 
 namespace flashattn::cpu {
 namespace {
-
-// Rows per query tile and keys per key tile: 128 at every head dim, or the longest sequence rounded
-// up to 32 when that is shorter (a short problem would spend most of a 128 x 128 step on padding;
-// whole 16-float vectors and 4-row blocks either way). Each step copies one pair of
-// streamed tiles and adds its gradients into double accumulators, so larger tiles amortize those
-// passes. Measured on a 2-core AMD EPYC with AVX-512 (1 MiB L2 per core) on 2026-12-05, fwd + bwd
-// through the Python package, b=1, s=2048, non-causal / causal (bench/results/
-// cpu_backward_2026-12-05.txt): d=256 (8 heads) tiles of 32 1059 / 524 ms, 64 839 / 419, 128
-// 736 / 384; d=128 (16 heads) 64 about 850 / 440, 128 about 730 / 390; d=64 128 and 256 alike. At
-// d=256 the working set (Q, dO, K, V tiles, S, dP, the softcap derivative, dK, dV in double and a
-// dQ tile) is about 1.6 MiB, past that L2, and still the fastest there. The tile must not depend
-// on the thread count: it sets the order of every sum, which the thread count may not change.
-int64_t tile_for(const core::AttnShape& p) {
-  int64_t longest = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t sq = p.varlen() ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : p.seqlen_q;
-    const int64_t sk = p.varlen() ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.seqlen_k;
-    longest = std::max({longest, sq, sk});
-  }
-  return std::clamp<int64_t>((longest + 31) / 32 * 32, 32, 128);
-}
 
 // The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
 // FLASHATTN_CPU_KERNEL). The AVX-512 build needs tiles of whole 16-float vectors, so head dims
@@ -88,6 +66,25 @@ Seq seq_of(const core::AttnShape& p, int64_t b) {
   if (!p.varlen()) return {0, p.seqlen_q, 0, p.seqlen_k, b * p.seqlen_q};
   const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
   return {q0, p.cu_seqlens_q[b + 1] - q0, k0, p.cu_seqlens_k[b + 1] - k0, q0};
+}
+
+// Rows per query tile and keys per key tile: 128 at every head dim, or the longest sequence rounded
+// up to 32 when that is shorter (a short problem would spend most of a 128 x 128 step on padding;
+// whole 16-float vectors and 4-row blocks either way). Each step copies one pair of streamed tiles
+// and adds its gradients into double accumulators, so larger tiles amortize those passes. Measured on a 2-core AMD EPYC with AVX-512 (1 MiB L2 per core) on 2026-12-05, fwd + bwd
+// through the Python package, b=1, s=2048, non-causal / causal (bench/results/
+// cpu_backward_2026-12-05.txt): d=256 (8 heads) tiles of 32 1059 / 524 ms, 64 839 / 419, 128
+// 736 / 384; d=128 (16 heads) 64 about 850 / 440, 128 about 730 / 390; d=64 128 and 256 alike. At
+// d=256 the working set (Q, dO, K, V tiles, S, dP, the softcap derivative, dK, dV in double and a
+// dQ tile) is about 1.6 MiB, past that L2, and still the fastest there. The tile must not depend
+// on the thread count: it sets the order of every sum, which the thread count may not change.
+int64_t tile_for(const core::AttnShape& p) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
+    longest = std::max({longest, s.sq, s.sk});
+  }
+  return std::clamp<int64_t>((longest + 31) / 32 * 32, 32, 128);
 }
 
 struct Task {
@@ -124,37 +121,32 @@ class Backward {
   explicit Backward(const core::BackwardParams& p)
       : p_(p), ops_(tile_ops<Acc>(p.head_dim)), tile_(tile_for(p)), d_(p.head_dim),
         lse_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
+    int64_t longest_q = 0;
     for (int64_t b = 0; b < p.batch; ++b) {
       const Seq s = seq_of(p, b);
       const core::MaskSpec mask = mask_of(s);
+      longest_q = std::max(longest_q, s.sq);
       for (int64_t t = 0; t * tile_ < s.sq; ++t) {
         const core::TileRange r = core::tile_range(mask, t * tile_, std::min(s.sq, (t + 1) * tile_), tile_);
         for (int64_t h = 0; h < p.heads_q; ++h) row_tasks_.push_back({b, h, t, r.n_end - r.n_begin});
       }
+      int64_t pair_steps = 0;  // tile pairs of one KV head of this sequence (the same for each)
       for (int64_t t = 0; t * tile_ < s.sk; ++t) {
         const auto [m_begin, m_end] = query_tiles_seeing(mask, t * tile_, std::min(s.sk, (t + 1) * tile_));
+        pair_steps += (m_end - m_begin) * p.group();
         for (int64_t h = 0; h < p.heads_kv; ++h) key_tasks_.push_back({b, h, t, (m_end - m_begin) * p.group()});
       }
+      if (s.sq > 0 || s.sk > 0)
+        for (int64_t h = 0; h < p.heads_kv; ++h) pair_tasks_.push_back({b, h, 0, pair_steps});
     }
     heaviest_first(row_tasks_);
     heaviest_first(key_tasks_);
+    heaviest_first(pair_tasks_);
     // One pass with a single worker, or when the pairs give every worker four tasks (the heaviest
     // first, so that they end together), and a task's dQ accumulator within kMaxDqBytes.
-    int64_t longest = 0;
-    for (int64_t b = 0; b < p.batch; ++b) longest = std::max(longest, seq_of(p, b).sq);
     const int64_t pairs = p.batch * p.heads_kv, workers = workers_for(pairs, p.num_threads);
-    const int64_t dq_bytes = p.group() * ((longest + tile_ - 1) / tile_) * tile_ * d_ * int64_t(sizeof(double));
+    const int64_t dq_bytes = p.group() * ((longest_q + tile_ - 1) / tile_) * tile_ * d_ * int64_t(sizeof(double));
     one_pass_ = (workers == 1 || pairs >= 4 * workers) && dq_bytes <= kMaxDqBytes;
-    if (one_pass_) {
-      std::map<std::pair<int64_t, int64_t>, int64_t> steps;  // (batch, KV head) -> its tile pairs
-      for (const Task& t : key_tasks_) steps[{t.b, t.head}] += t.steps;
-      for (int64_t b = 0; b < p.batch; ++b) {
-        const Seq s = seq_of(p, b);
-        if (s.sq == 0 && s.sk == 0) continue;
-        for (int64_t h = 0; h < p.heads_kv; ++h) pair_tasks_.push_back({b, h, 0, steps[{b, h}]});
-      }
-      heaviest_first(pair_tasks_);
-    }
     const int64_t most =
         one_pass_ ? int64_t(pair_tasks_.size()) : std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
     scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_));
@@ -250,7 +242,8 @@ class Backward {
     const Seq s = seq_of(p_, t.b);
     const int64_t r0 = t.tile * tile_, rows = std::min(tile_, s.sq - r0), hk = t.head / p_.group();
     load_query_tile(s, t.b, t.head, r0, rows, true, w);
-    row_statistics(s, t.b, t.head, r0, rows, w);
+    for (int64_t i = 0; i < rows; ++i) row_statistics(s, t.b, t.head, r0 + i);
+    tile_statistics(s, t.head, r0, rows, w);
     std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
     bwd::TileStep<Acc> st = step_for(w, true);
     const core::TileRange range = core::tile_range(mask_of(s), r0, r0 + rows, tile_);
@@ -261,31 +254,6 @@ class Backward {
       ops_.dq(st);
     }
     store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, rows, t.head, d_, w.acc_k.data(), double(p_.scale));
-  }
-
-  // D = rowsum(dO o O) (dO^T is in w.dout) and lse of the tile's rows, into w and the shared
-  // buffers. A row whose lse is -inf saw no key: lse = +inf instead makes every P of it
-  // exp(-inf) = 0 and D = 0, so it contributes nothing and its gradients are exactly zero. Padding
-  // rows are treated alike.
-  void row_statistics(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, Scratch<Acc>& w) {
-    const T* out = static_cast<const T*>(p_.out);
-    const Acc* lse = static_cast<const Acc*>(p_.lse);
-    constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
-    for (int64_t i = 0; i < tile_; ++i) {
-      Acc l = kInf, delta = 0;
-      if (i < rows) {
-        const Acc given = lse[p_.lse_s.offset(b, s.q_tok0 + r0 + i, h)];
-        if (given != -kInf) {
-          const T* o = out + p_.o_s.offset(b, s.q_tok0 + r0 + i, h);
-          for (int64_t x = 0; x < d_; ++x) delta += w.dout[size_t(x * tile_ + i)] * load_acc<Acc>(o + x);
-          l = given;
-        }
-        lse_[size_t(h * p_.total_q + s.q_row0 + r0 + i)] = l;
-        delta_[size_t(h * p_.total_q + s.q_row0 + r0 + i)] = delta;
-      }
-      w.lse[size_t(i)] = l;
-      w.delta[size_t(i)] = delta;
-    }
   }
 
   // Pass 2: dK and dV of one key tile, summed over every query head of its group and every query
@@ -324,7 +292,7 @@ class Backward {
     const int64_t q_tiles = (s.sq + tile_ - 1) / tile_, per_head = q_tiles * tile_ * d_;
     const int64_t h0 = t.head * p_.group();
     for (int64_t h = h0; h < h0 + p_.group(); ++h)
-      for (int64_t r = 0; r < s.sq; ++r) row_statistics_from_memory(s, t.b, h, r);
+      for (int64_t r = 0; r < s.sq; ++r) row_statistics(s, t.b, h, r);
     w.acc_q.assign(size_t(p_.group() * per_head), 0.0);
     bwd::TileStep<Acc> st = step_for(w, false);
     st.k = w.k_rows.data();
@@ -356,8 +324,11 @@ class Backward {
                       w.acc_q.data() + (h - h0) * per_head + r0 * d_, double(p_.scale));
   }
 
-  // row_statistics for one row, reading dO from the tensor: the same products in the same order.
-  void row_statistics_from_memory(const Seq& s, int64_t b, int64_t h, int64_t r) {
+  // D = rowsum(dO o O) and the lse to use of one row, into the shared buffers. A row whose lse is
+  // -inf saw no key: lse = +inf instead makes every P of it exp(-inf) = 0 and D = 0, so it
+  // contributes nothing and its gradients are exactly zero (tile_statistics gives padding rows the
+  // same).
+  void row_statistics(const Seq& s, int64_t b, int64_t h, int64_t r) {
     const T* out = static_cast<const T*>(p_.out);
     const T* dout = static_cast<const T*>(p_.dout);
     const Acc given = static_cast<const Acc*>(p_.lse)[p_.lse_s.offset(b, s.q_tok0 + r, h)];
@@ -388,10 +359,10 @@ class Backward {
   const core::BackwardParams& p_;
   const bwd::TileOps<Acc> ops_;
   const int64_t tile_, d_;
-  std::vector<Acc> lse_, delta_;  // [heads_q][total_q], written by pass 1, read by pass 2
+  std::vector<Acc> lse_, delta_;  // [heads_q][total_q]: each row's, written before any step reads it
   std::vector<Task> row_tasks_, key_tasks_;
   bool one_pass_ = false;
-  std::vector<Task> pair_tasks_;  // the one-pass schedule's (batch, KV head) tasks
+  std::vector<Task> pair_tasks_;  // the one-pass schedule's tasks: (batch, KV head)
   std::vector<Scratch<Acc>> scratch_;
   bwd::TileStep<Acc> step_;  // the shape and score constants shared by every step
 };

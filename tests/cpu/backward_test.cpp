@@ -374,21 +374,22 @@ std::vector<unsigned char> grads_bytes(const Problem& pr) {
   return b;
 }
 
+// The gradients' bytes (padding included) of one run on `threads` threads.
+std::vector<unsigned char> run_on(Problem& pr, int threads) {
+  pr.opts.num_threads = threads;
+  pr.run();
+  return grads_bytes(pr);
+}
+
 TEST(BackwardDeterminism, BitwiseEqualAcrossRunsAndThreadCounts) {
   for (DType dtype : {DType::bf16, DType::f32}) {
     Case c;
     c.dtype = dtype;
     c.sq = 200, c.sk = 170, c.hq = 4, c.hkv = 1, c.causal = true;
     Problem pr(c);
-    pr.opts.num_threads = 1;
-    pr.run();
-    const std::vector<unsigned char> one = grads_bytes(pr);
-    pr.opts.num_threads = 2;
-    pr.run();
-    const std::vector<unsigned char> two = grads_bytes(pr);
-    pr.run();
+    const std::vector<unsigned char> one = run_on(pr, 1), two = run_on(pr, 2);
     EXPECT_TRUE(one == two) << "1 vs 2 threads differ (" << flashattn::dtype_name(dtype) << ")";
-    EXPECT_TRUE(two == grads_bytes(pr)) << "two runs differ (" << flashattn::dtype_name(dtype) << ")";
+    EXPECT_TRUE(two == run_on(pr, 2)) << "two runs differ (" << flashattn::dtype_name(dtype) << ")";
   }
 }
 
@@ -411,12 +412,7 @@ TEST(BackwardDeterminism, OnePassAndTwoPassSchedulesAgreeBitwise) {
   cases.push_back(v);
   for (const Case& c : cases) {
     Problem pr(c);
-    pr.opts.num_threads = 1;
-    pr.run();
-    const std::vector<unsigned char> one_pass = grads_bytes(pr);
-    pr.opts.num_threads = 64;
-    pr.run();
-    EXPECT_TRUE(one_pass == grads_bytes(pr))
+    EXPECT_TRUE(run_on(pr, 1) == run_on(pr, 64))
         << flashattn::dtype_name(c.dtype) << " d " << c.d << (c.cu_q.empty() ? "" : " varlen")
         << ": the one-pass and two-pass schedules differ";
   }
