@@ -105,7 +105,8 @@ void forward(const core::ForwardParams& p, int device_index) {
   check_rows_aligned(p.k, p.k_s, "forward", "k");
   check_rows_aligned(p.v, p.v_s, "forward", "v");
   check_pairs_aligned(p.out, p.o_s, "forward", "out");
-  if (p.total_q == 0 || p.batch == 0) return;
+  // No sequence has a query row: nothing to write (rows outside every varlen sequence stay untouched).
+  if (p.batch == 0 || p.seqlen_q == 0) return;
   dispatch_forward(p, compute_capability(device_index), static_cast<cudaStream_t>(p.stream));
 }
 
@@ -124,7 +125,12 @@ void backward(const core::BackwardParams& p, int device_index) {
   check_rows_aligned(p.dq, p.dq_s, "backward", "dq");
   check_pairs_aligned(p.dk, p.dk_s, "backward", "dk");
   check_pairs_aligned(p.dv, p.dv_s, "backward", "dv");
-  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return;
+  if (p.batch == 0) return;
+  // No sequence has a query row: dK = dV = 0 over the sequences' key rows, and there is no dQ.
+  if (p.seqlen_q == 0) {
+    if (p.seqlen_k > 0) zero_key_gradients(p, static_cast<cudaStream_t>(p.stream));
+    return;
+  }
   dispatch_backward(p, compute_capability(device_index), static_cast<cudaStream_t>(p.stream));
 }
 

@@ -570,12 +570,14 @@ std::string run_case(const uint8_t* data, size_t size, bool on_gpu) {
 std::string run_fixed_cases(uint32_t seed, int count, bool on_gpu) {
   std::mt19937 rng(seed);
   std::vector<uint8_t> bytes(96);
-  for (int i = 0; i < count; ++i) {
+  std::string broken;
+  int failures = 0;
+  for (int i = 0; i < count && failures < kMaxReported; ++i) {
     for (uint8_t& b : bytes) b = uint8_t(rng());
-    const std::string broken = run_case(bytes.data(), bytes.size(), on_gpu);
-    if (!broken.empty()) return "case " + std::to_string(i) + ": " + broken;
+    const std::string why = run_case(bytes.data(), bytes.size(), on_gpu);
+    if (!why.empty()) broken += (failures++ ? "\n" : "") + ("case " + std::to_string(i) + ": " + why);
   }
-  return "";
+  return broken;
 }
 
 }  // namespace fa_fuzz
