@@ -122,6 +122,9 @@ TEST_P(GpuMerge, EmptyPartsWeighNothing) {
   none.merge_gpu();
   for (double x : none.out.values()) EXPECT_EQ(x, 0.0);
   for (double x : none.out_lse.values()) EXPECT_EQ(x, -kInf);
+
+  Parts no_tokens(t, 2, 0, 2, d);  // no rows: nothing to write (was a launch of zero blocks)
+  no_tokens.merge_gpu();
 }
 
 // Merging is associative: all parts at once, in reverse order, or as a merge of two merges agree

@@ -66,6 +66,7 @@ template <class TIn, class TOut>
 void launch(const MergeLaunch& m, cudaStream_t stream) {
   const int64_t rows = m.outer * m.inner * m.heads;
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks == 0) return;  // no rows (zero tokens): nothing to write, and a grid of zero blocks is a launch error
   if (blocks > int64_t(0x7fffffff))
     throw Error(Status::unsupported, "merge_states: " + std::to_string(rows) + " rows exceed one GPU launch");
   merge_kernel<TIn, TOut><<<unsigned(blocks), 32 * kWarpsPerBlock, 0, stream>>>(m);
