@@ -27,6 +27,9 @@ struct Case {
   int32_t outside = 0;  // varlen: packed rows before and after every sequence
   int64_t pad = 0;
   bool deterministic = false;
+  // Broadcast inputs (stride 0, as torch's expand gives), bits: 1 = K and V shared by the batch,
+  // 2 = every row of dO the same. A tensor map cannot describe them: the portable path runs.
+  int broadcast = 0;
 };
 
 std::string describe(const Case& c) {
@@ -34,7 +37,7 @@ std::string describe(const Case& c) {
   s << flashattn::dtype_name(c.dtype) << " b" << c.batch << " hq" << c.heads_q << " hkv" << c.heads_kv << " sq" << c.seqlen_q
     << " sk" << c.seqlen_k << " d" << c.head_dim << (c.causal ? " causal" : "") << " win(" << c.window_left << ","
     << c.window_right << ") cap" << c.softcap << (c.varlen_q.empty() ? "" : " varlen") << " pad" << c.pad
-    << (c.deterministic ? " deterministic" : "");
+    << (c.deterministic ? " deterministic" : "") << (c.broadcast ? " broadcast" + std::to_string(c.broadcast) : "");
   return s.str();
 }
 
@@ -75,6 +78,8 @@ struct Problem {
     k.fill_normal(rng);
     v.fill_normal(rng);
     dout.fill_normal(rng);
+    if (c.broadcast & 1) k.view.stride[0] = v.view.stride[0] = 0;
+    if (c.broadcast & 2) dout.view.stride[qs.size() - 3] = 0;
     for (auto [h, d] : {std::pair{&q, &d_q}, {&k, &d_k}, {&v, &d_v}, {&dout, &d_dout}, {&out, &d_out}, {&lse, &d_lse},
                         {&dq, &d_dq}, {&dk, &d_dk}, {&dv, &d_dv}})
       *d = std::make_unique<DeviceTensor>(*h);
@@ -170,7 +175,8 @@ struct Problem {
 // The kernel of the last backward, checked against the path dispatch must pick.
 void expect_path(const Case& c, bool portable) {
   const std::string kernel = flashattn::last_gpu_kernel();
-  EXPECT_EQ(kernel.find("hopper") != std::string::npos, !portable && expect_hopper("bwd", c.head_dim, c.dtype))
+  EXPECT_EQ(kernel.find("hopper") != std::string::npos,
+            !portable && c.broadcast == 0 && expect_hopper("bwd", c.head_dim, c.dtype))
       << kernel;
 }
 
@@ -392,6 +398,23 @@ TEST_F(GpuBackward, NoQueryRowsGiveZeroKeyGradients) {
           for (double x : outside_untouched(pr.dq, pr, false)) ASSERT_EQ(x, 0.0);
         });
       }
+}
+
+// Broadcast inputs (stride 0 over the batch or dO's rows): the Hopper path once read other rows
+// for them (the GPU fuzzer's find: dQ inf or 10x the rule); they run on the portable path, exact.
+TEST_F(GpuBackward, BroadcastInputs) {
+  uint32_t seed = 540;
+  for (int broadcast : {1, 2})
+    for (int64_t d : {64, 128, 256}) {
+      Case c;
+      c.batch = 3;
+      c.head_dim = d;
+      c.seqlen_q = 77;
+      c.seqlen_k = 91;
+      c.causal = broadcast == 1;
+      c.broadcast = broadcast;
+      check_case(c, seed++);
+    }
 }
 
 TEST_F(GpuBackward, HeadDimsBelowTheKernelsOwn) {

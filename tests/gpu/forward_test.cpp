@@ -28,13 +28,17 @@ struct Case {
   int64_t out_pad = -1;                     // out's own row padding (-1: pad)
   bool with_lse = true;
   double q_scale = 1.0;  // multiplies q: large values stress softcap and overflow handling
+  // Broadcast inputs (stride 0, as torch's expand gives), bits: 1 = K and V shared by the batch,
+  // 2 = every query row of q the same. A tensor map cannot describe them: the portable path runs.
+  int broadcast = 0;
 };
 
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << flashattn::dtype_name(c.dtype) << " b" << c.batch << " hq" << c.heads_q << " hkv" << c.heads_kv << " sq" << c.seqlen_q
     << " sk" << c.seqlen_k << " d" << c.head_dim << (c.causal ? " causal" : "") << " win(" << c.window_left << ","
-    << c.window_right << ") cap" << c.softcap << (c.varlen_q.empty() ? "" : " varlen") << " pad" << c.pad;
+    << c.window_right << ") cap" << c.softcap << (c.varlen_q.empty() ? "" : " varlen") << " pad" << c.pad
+    << (c.broadcast ? " broadcast" + std::to_string(c.broadcast) : "");
   return s.str();
 }
 
@@ -67,6 +71,8 @@ void check_case(const Case& c, uint32_t seed) {
   q.fill_normal(rng, c.q_scale);
   k.fill_normal(rng);
   v.fill_normal(rng);
+  if (c.broadcast & 1) k.view.stride[0] = v.view.stride[0] = 0;
+  if (c.broadcast & 2) q.view.stride[qs.size() - 3] = 0;
   HostTensor cuq_h, cuk_h;
   if (varlen) {
     cuq_h = int_tensor(cu_q);
@@ -112,7 +118,8 @@ void check_case(const Case& c, uint32_t seed) {
     flashattn::forward(dev);
     FA_CUDA_OK(cudaDeviceSynchronize());
     const std::string kernel = flashattn::last_gpu_kernel();
-    EXPECT_EQ(kernel.find("hopper") != std::string::npos, !portable && out_rows16 && expect_hopper("fwd", c.head_dim, c.dtype))
+    EXPECT_EQ(kernel.find("hopper") != std::string::npos,
+              !portable && out_rows16 && c.broadcast == 0 && expect_hopper("fwd", c.head_dim, c.dtype))
         << kernel;
     dout.copy_to(out);
     dlse.copy_to(lse);
@@ -397,6 +404,24 @@ TEST_F(GpuForward, StridesOddHeadDimsAndNoLse) {
   Case n;
   n.with_lse = false;
   check_case(n, 600);
+}
+
+// Broadcast inputs (stride 0 over the batch or the rows, as torch's expand gives). The Hopper path
+// once encoded a stride 0 as a stand-in stride and read other rows (the GPU fuzzer's find); tensor
+// maps cannot describe a broadcast, so these run on the portable path, exact.
+TEST_F(GpuForward, BroadcastInputs) {
+  uint32_t seed = 560;
+  for (int broadcast : {1, 2, 3})
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.batch = 3;
+      c.head_dim = d;
+      c.seqlen_q = 77;
+      c.seqlen_k = 91;
+      c.causal = broadcast != 2;
+      c.broadcast = broadcast;
+      check_case(c, seed++);
+    }
 }
 
 // out needs only 4-byte aligned rows; the portable epilogue's 16-byte stores fall back to 4-byte

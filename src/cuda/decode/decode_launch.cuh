@@ -69,7 +69,9 @@ void run_decode(const DecodeLaunch& L, cudaStream_t stream) {
       // The rows are 16-byte aligned (checked by the caller), all TMA needs of a strided tensor.
       if (!sm90::encode_tma_sw128(&tl.k_map, cache(p.k_cache, p.kc_page, p.kc_row, p.kc_head), tl.box_rows) ||
           !sm90::encode_tma_sw128(&tl.v_map, cache(p.v_cache, p.vc_page, p.vc_row, p.vc_head), tl.box_rows))
-        throw Error(Status::unsupported, "decode: the driver rejected the K/V cache as a TMA tensor");
+        throw Error(Status::unsupported,
+                    "decode: the K/V cache cannot be loaded as a TMA tensor on this GPU path (a stride of 0 over "
+                    "more than one row, head or page, or a layout the driver rejects)");
       kernel<<<unsigned(ctas), T::kThreads, T::kSmemBytes, stream>>>(tl);
     } else {
       kernel<<<unsigned(ctas), T::kThreads, T::kSmemBytes, stream>>>(L);

@@ -32,10 +32,17 @@ bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows) {
   auto at_least_1 = [](int64_t x) { return cuuint64_t(x < 1 ? 1 : x); };
   const cuuint64_t eb = cuuint64_t(t.elem_bytes);
   cuuint64_t dims[4] = {cuuint64_t(t.head_dim), at_least_1(t.rows), at_least_1(t.heads), at_least_1(t.batch)};
-  // Strides of dims 1..3 in bytes; a stride of 0 (a dimension of size 1 whose stride nobody set)
-  // is replaced by a legal one, since it is never stepped over.
-  auto stride = [&](int64_t s) { return cuuint64_t(s > 0 ? s : 8) * eb; };
-  cuuint64_t strides[3] = {stride(t.row_stride), stride(t.head_stride), stride(t.batch_stride)};
+  // Strides of dims 1..3 in bytes. A tensor map cannot describe a broadcast dimension (stride 0
+  // over more than one row, head or batch): such a tensor is refused, and the caller takes a path
+  // that loads without TMA. (Encoding it with a stand-in stride, as once for every stride 0, read
+  // other rows: wrong results on the Hopper path, found by the GPU fuzzer.) A stride 0 of a
+  // dimension of size 1 is replaced by a legal one, since it is never stepped over.
+  const int64_t extents[3] = {t.rows, t.heads, t.batch}, given[3] = {t.row_stride, t.head_stride, t.batch_stride};
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    if (given[i] == 0 && extents[i] > 1) return false;
+    strides[i] = cuuint64_t(given[i] > 0 ? given[i] : 8) * eb;
+  }
   cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   // f16 and bf16 alike move as 16-bit words: the copy engine does not interpret them.
