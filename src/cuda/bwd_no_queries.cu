@@ -1,7 +1,7 @@
-// The backward of a call with keys but no query rows (total_q = 0): no query sees any key, so dK
-// and dV are zero and there is no dQ. This kernel writes those zeros; no attention kernel runs, and
-// neither path has to handle a query extent of zero (the Hopper path's TMA maps cannot describe
-// one, and a grid of zero blocks is a launch error).
+// The backward of a call where no sequence has a query row (seqlen_q = 0, the longest sequence's):
+// no query sees any key, so dK and dV are zero over the sequences' key rows and there is no dQ. This
+// kernel writes those zeros; no attention kernel runs, and neither path meets a query extent of
+// zero (a grid of zero blocks is a launch error; the GPU fuzzer found the preprocess kernel's).
 #include "core/params.h"
 #include "cuda/backward.h"
 #include "cuda/common.cuh"
@@ -13,7 +13,8 @@ constexpr int kRowsPerBlock = 4;  // one warp per key row
 
 // Every element of rows [k0, k0 + sk) of sequence b, for one KV head, in dK and dV. The GPU
 // dtypes (f16, bf16) are both 2 bytes, and zero is all-zero bits in both.
-__global__ void __launch_bounds__(32 * kRowsPerBlock) zero_key_gradients_kernel(const __grid_constant__ core::BackwardParams p) {
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    zero_key_gradients_kernel(const __grid_constant__ core::BackwardParams p) {
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   int64_t k0 = 0, sk = p.seqlen_k;

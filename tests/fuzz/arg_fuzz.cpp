@@ -307,7 +307,9 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
         for (double x : *t) qk_max = std::max(qk_max, std::fabs(x));
       const double scale =
           args.options.softmax_scale > 0 ? args.options.softmax_scale : 1 / std::sqrt(double(s.d));
-      const double u = s.dtype == DType::bf16 ? 0x1p-8 : s.dtype == DType::f16 ? 0x1p-11 : 0x1p-24 * std::sqrt(double(s.d));
+      const double u = s.dtype == DType::bf16  ? 0x1p-8
+                       : s.dtype == DType::f16 ? 0x1p-11
+                                               : 0x1p-24 * std::sqrt(double(s.d));
       stored_o = u * row_max * scale * qk_max;
     }
     for (auto [got, want, base, name, rows] :

@@ -37,7 +37,8 @@ std::string describe(const Case& c) {
   s << flashattn::dtype_name(c.dtype) << " b" << c.batch << " hq" << c.heads_q << " hkv" << c.heads_kv << " sq" << c.seqlen_q
     << " sk" << c.seqlen_k << " d" << c.head_dim << (c.causal ? " causal" : "") << " win(" << c.window_left << ","
     << c.window_right << ") cap" << c.softcap << (c.varlen_q.empty() ? "" : " varlen") << " pad" << c.pad
-    << (c.deterministic ? " deterministic" : "") << (c.broadcast ? " broadcast" + std::to_string(c.broadcast) : "");
+    << (c.deterministic ? " deterministic" : "")
+    << (c.broadcast ? " broadcast" + std::to_string(c.broadcast) : "");
   return s.str();
 }
 
