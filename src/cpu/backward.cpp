@@ -71,7 +71,8 @@ Seq seq_of(const core::AttnShape& p, int64_t b) {
 // Rows per query tile and keys per key tile: 128 at every head dim, or the longest sequence rounded
 // up to 32 when that is shorter (a short problem would spend most of a 128 x 128 step on padding;
 // whole 16-float vectors and 4-row blocks either way). Each step copies one pair of streamed tiles
-// and adds its gradients into double accumulators, so larger tiles amortize those passes. Measured on a 2-core AMD EPYC with AVX-512 (1 MiB L2 per core) on 2026-12-05, fwd + bwd
+// and adds its gradients into double accumulators, so larger tiles amortize those passes.
+// Measured on a 2-core AMD EPYC with AVX-512 (1 MiB L2 per core) on 2026-12-05, fwd + bwd
 // through the Python package, b=1, s=2048, non-causal / causal (bench/results/
 // cpu_backward_2026-12-05.txt): d=256 (8 heads) tiles of 32 1059 / 524 ms, 64 839 / 419, 128
 // 736 / 384; d=128 (16 heads) 64 about 850 / 440, 128 about 730 / 390; d=64 128 and 256 alike. At

@@ -292,7 +292,7 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
     if (self_overlapping(args.out) || self_overlapping(args.lse)) return "";
     sync();  // args' copies of the views held device pointers during a GPU call
     const Covered q_rows = covered(args.cu_seqlens_q), k_rows = covered(args.cu_seqlens_k);
-    double stored_o = 0;  // the share of the bound of D's rounding (above)
+    double d_rounding = 0;  // D's rounding (above), as it reaches dQ and dK
     if (s.dtype != DType::f64) {
       const std::vector<double> o = values(args.out), dout = values(args.dout);
       const std::vector<double> q = values(args.q), k = values(args.k);
@@ -310,7 +310,7 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
       const double u = s.dtype == DType::bf16  ? 0x1p-8
                        : s.dtype == DType::f16 ? 0x1p-11
                                                : 0x1p-24 * std::sqrt(double(s.d));
-      stored_o = u * row_max * scale * qk_max;
+      d_rounding = u * row_max * scale * qk_max;
     }
     for (auto [got, want, base, name, rows] :
          {std::tuple{&args.dq, &exact.dq, &plain.dq, "dq", q_rows}, {&args.dk, &exact.dk, &plain.dk, "dk", k_rows},
@@ -321,7 +321,7 @@ std::string fuzz_backward(ByteSource& in, std::mt19937& rng) {
       double g_max = 0;
       for (double x : *want) g_max = std::max(g_max, std::fabs(x));
       const double err = fa_test::max_abs_diff(now, *want), plain_err = fa_test::max_abs_diff(*base, *want);
-      const double bound = 3 * (plain_err + stored_o) + fa_test::default_atol(s.dtype) +
+      const double bound = 3 * (plain_err + d_rounding) + fa_test::default_atol(s.dtype) +
                            (s.dtype == DType::f32 ? 1e-4 * (1 + g_max) : 0);
       if (!(err <= bound))
         return std::string(name) + ": max error " + std::to_string(err) + " exceeds " + std::to_string(bound) +

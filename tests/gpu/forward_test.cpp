@@ -71,8 +71,8 @@ void check_case(const Case& c, uint32_t seed) {
   q.fill_normal(rng, c.q_scale);
   k.fill_normal(rng);
   v.fill_normal(rng);
-  if (c.broadcast & 1) k.view.stride[0] = v.view.stride[0] = 0;
-  if (c.broadcast & 2) q.view.stride[qs.size() - 3] = 0;
+  if (c.broadcast & 1) broadcast_batch(k), broadcast_batch(v);
+  if (c.broadcast & 2) broadcast_rows(q);
   HostTensor cuq_h, cuk_h;
   if (varlen) {
     cuq_h = int_tensor(cu_q);

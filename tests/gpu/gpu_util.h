@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,17 @@ inline bool skip_unbuilt(const char* kind, int64_t d, flashattn::DType t) {
               flashattn::dtype_name(t));
   return true;
 }
+
+// Broadcast views, as torch's expand gives (stride 0: every index reads the first one's values).
+// The tensors' values were filled before, so the broadcast copy is what the reference sees too.
+// broadcast_batch: one [seqlen, heads, d] for the whole batch of a [batch, seqlen, heads, d]
+// tensor. broadcast_rows: every token row the same, the rows axis of [batch, seqlen, heads, d] or
+// of varlen's [total, heads, d].
+inline void broadcast_batch(HostTensor& t) {
+  if (t.view.rank != 4) throw std::runtime_error("broadcast_batch: a [batch, seqlen, heads, d] tensor expected");
+  t.view.stride[0] = 0;
+}
+inline void broadcast_rows(HostTensor& t) { t.view.stride[t.view.rank - 3] = 0; }
 
 // Whether the current device has compute capability 9.0, where dispatch considers the Hopper paths.
 inline bool hopper_device() {
