@@ -117,16 +117,30 @@ void copy_row(const TileKernels<T>& kern, DType dtype, const void* src, T* dst, 
     kern.widen(src, dtype, dst, d);
 }
 
-// Starts a query tile of `rows` rows: row i has its q values at q_row(i) and query position
-// pos(i) (nondecreasing in i). Packs Q^T (scaled, zero-padded to mpad) and resets the state.
-// Rows are first copied whole into the (still free) key buffer, so the reads from the tensor are
-// row-contiguous, then transposed from there.
+// Starts a query tile of `rows` rows, row i at query position pos(i) (nondecreasing in i): its
+// padded row count (a multiple of row_align), visible key ranges and a fresh softmax state and o~.
+template <class T, class Pos>
+void reset_tile(Workspace<T>& ws, int64_t row_align, const TileConfig<T>& cfg, int64_t rows, const Pos& pos) {
+  ws.rows = rows;
+  ws.mpad = ceil_div(rows, row_align) * row_align;
+  for (int64_t i = 0; i < ws.mpad; ++i) {
+    ws.lo[i] = i < rows ? cfg.mask.lo(pos(i)) : 0;
+    ws.hi[i] = i < rows ? cfg.mask.hi(pos(i)) : 0;
+    ws.m[i] = core::neg_inf<T>();
+    ws.l[i] = T(0);
+  }
+  T* ot = ws.ot.get();
+  for (int64_t e = 0; e < ws.d * ws.mpad; ++e) ot[e] = T(0);
+}
+
+// Starts a query tile (reset_tile) whose row i has its q values at q_row(i), and packs Q^T (scaled,
+// zero-padded to mpad). Rows are first copied whole into the (still free) key buffer, so the reads
+// from the tensor are row-contiguous, then transposed from there.
 template <class T, class QRow, class Pos>
 void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t rows,
                 const QRow& q_row, const Pos& pos) {
+  reset_tile(ws, kern.row_align, cfg, rows, pos);
   const int64_t d = ws.d;
-  ws.rows = rows;
-  ws.mpad = ceil_div(rows, kern.row_align) * kern.row_align;
   T* qt = ws.qt.get();
   T* staged = ws.kt.get();
   for (int64_t r0 = 0; r0 < ws.mpad; r0 += kBlockN) {
@@ -135,14 +149,6 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
     for (int64_t x = 0; x < d; ++x)
       for (int64_t i = r0; i < r1; ++i) qt[x * ws.mpad + i] = i < rows ? staged[(i - r0) * ws.ld + x] * cfg.q_scale : T(0);
   }
-  for (int64_t i = 0; i < ws.mpad; ++i) {
-    ws.lo[i] = i < rows ? cfg.mask.lo(pos(i)) : 0;
-    ws.hi[i] = i < rows ? cfg.mask.hi(pos(i)) : 0;
-    ws.m[i] = core::neg_inf<T>();
-    ws.l[i] = T(0);
-  }
-  T* ot = ws.ot.get();
-  for (int64_t e = 0; e < d * ws.mpad; ++e) ot[e] = T(0);
 }
 
 // Packs keys [k0, k0 + nk) into ws.kt / ws.vt. key_rows(t) returns the (k, v) row pointers of key t.
@@ -156,13 +162,27 @@ void load_keys(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, int64_
   }
 }
 
+// A key tile for the float kernels: its K and V rows packed ws.ld apart. attend_tiles asks a tile
+// for its two products over query rows [i0, i0 + rows) of the workspace.
+template <class T>
+struct PackedTile {
+  const T* k;
+  const T* v;
+  void scores(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
+    kern.scores(k, ws.ld, nk, ws.qt.get() + i0, ws.d, rows, ws.mpad, ws.st.get() + i0);
+  }
+  void accumulate(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
+    kern.accumulate(v, ws.ld, nk, ws.st.get() + i0, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0);
+  }
+};
+
 // The usual key source of attend_tiles: packs each key tile into the workspace from the rows that
-// key_rows(t) points to, and returns the packed K and V rows (stride ws.ld).
+// key_rows(t) points to.
 template <class T, class KeyRows>
 auto packed_per_tile(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, const KeyRows& key_rows) {
   return [&ws, &kern, dtype, &key_rows](int64_t k0, int64_t nk) {
     load_keys(ws, kern, dtype, k0, nk, key_rows);
-    return std::pair<const T*, const T*>(ws.kt.get(), ws.vt.get());
+    return PackedTile<T>{ws.kt.get(), ws.vt.get()};
   };
 }
 
@@ -183,14 +203,14 @@ inline int64_t tile_keys(int64_t seqlen_k, int64_t n) {
 }
 
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
-// tile; `range` says which of them need the element-wise mask; tiles(k0, nk) returns the packed K
-// and V rows (stride ws.ld) of keys [k0, k0 + nk). On a tile that only some rows can
+// tile; `range` says which of them need the element-wise mask; tiles(k0, nk) returns keys [k0, k0 +
+// nk) as a tile with the two products (PackedTile, or the AMX tile of forward.cpp). On a tile that only some rows can
 // see (the diagonal of a causal mask, the edges of a window) the products and the softmax run on
 // those rows alone, rounded out to whole vectors: the others would take P = 0 and f = 1.
 template <class T, class KeyTiles>
 void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const core::TileRange& range,
                   int64_t n_begin, int64_t n_end, const KeyTiles& tiles) {
-  const int64_t d = ws.d, mpad = ws.mpad, align = kern.row_align;
+  const int64_t mpad = ws.mpad, align = kern.row_align;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int64_t k0 = n * kBlockN, nk = tile_keys(cfg.mask.seqlen_k, n);
     // lo and hi are nondecreasing over the real rows: the rows that see a key of [k0, k0 + nk)
@@ -205,14 +225,14 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
       i0 = i0 / align * align;
     }
     const int64_t rows = i1 - i0;
-    const auto [kt, vt] = tiles(k0, nk);
+    const auto tile = tiles(k0, nk);
     T* st = ws.st.get() + i0;
-    kern.scores(kt, ws.ld, nk, ws.qt.get() + i0, d, rows, mpad, st);
+    tile.scores(ws, kern, nk, i0, rows);
     if (cfg.softcap != T(0))
       for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
     kern.softmax(st, nk, rows, mpad, cfg.exp2_scale, ws.m + i0, ws.l + i0, ws.f + i0);
-    kern.accumulate(vt, ws.ld, nk, st, rows, mpad, d, ws.f + i0, ws.ot.get() + i0);
+    tile.accumulate(ws, kern, nk, i0, rows);
   }
 }
 

@@ -6,8 +6,13 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "api/backends.h"
+#include "cpu/amx.h"
 #include "cpu/simd.h"
 
 namespace flashattn::cpu {
@@ -81,8 +86,10 @@ bool has(const char* name) {
 KernelLevel detect() {
 #if defined(__x86_64__)
   // Each level's file is compiled with all of its flags, so every one of them must be present.
-  if (has("avx512f") && has("avx512bw") && has("avx512dq") && has("avx512vl") && has("fma") && has("f16c"))
+  if (has("avx512f") && has("avx512bw") && has("avx512dq") && has("avx512vl") && has("fma") && has("f16c")) {
+    if (has("avx512bf16") && has("amx-tile") && has("amx-bf16") && request_amx_permission()) return KernelLevel::amx;
     return KernelLevel::avx512;
+  }
   if (has("avx2") && has("fma") && has("f16c")) return KernelLevel::avx2;
 #endif
   return KernelLevel::portable;
@@ -95,8 +102,20 @@ const char* level_name(KernelLevel level) {
     case KernelLevel::portable: return "portable";
     case KernelLevel::avx2: return "avx2";
     case KernelLevel::avx512: return "avx512";
+    case KernelLevel::amx: return "amx";
   }
   return "portable";
+}
+
+bool request_amx_permission() {
+#if defined(__x86_64__) && defined(__linux__)
+  // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (Linux 5.16 on): without it the first tile
+  // instruction faults. Granted to the whole process; 0 on success.
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 KernelLevel detected_level() {
@@ -108,15 +127,16 @@ KernelLevel active_level() {
   KernelLevel level = detected_level();
   const char* cap = std::getenv("FLASHATTN_CPU_KERNEL");
   if (cap == nullptr || *cap == '\0') return level;
-  for (KernelLevel l : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512})
+  for (KernelLevel l : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512, KernelLevel::amx})
     if (std::string(cap) == level_name(l)) return int(l) < int(level) ? l : level;
   throw Error(Status::invalid_argument, std::string("FLASHATTN_CPU_KERNEL='") + cap +
-                                            "' is not a kernel level: expected portable, avx2 or avx512");
+                                            "' is not a kernel level: expected portable, avx2, avx512 or amx");
 }
 
 const TileKernels<float>& float_kernels() {
   switch (active_level()) {
 #if defined(__x86_64__)
+    case KernelLevel::amx:
     case KernelLevel::avx512: return avx512_kernels_f32();
     case KernelLevel::avx2: return avx2_kernels_f32();
 #endif

@@ -16,8 +16,10 @@
 // key tile that only some rows can see is computed for those rows alone.
 //
 // Level selection: the best level the CPU supports (cpuid and xgetbv, once), capped by the
-// environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512 when it is set (read at each call,
-// so tests can compare levels in one process). An unknown value is an error, not a silent fallback.
+// environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512|amx when it is set (read at each
+// call, so tests can compare levels in one process). An unknown value is an error, not a silent
+// fallback. The amx level is avx512 plus the AMX-BF16 products of the bf16 forward (amx.h): its
+// float tables are avx512's.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,7 @@
 
 namespace flashattn::cpu {
 
-enum class KernelLevel : int { portable = 0, avx2 = 1, avx512 = 2 };
+enum class KernelLevel : int { portable = 0, avx2 = 1, avx512 = 2, amx = 3 };
 
 // The most query rows (mpad) a tile kernel is handed.
 inline constexpr int64_t kMaxTileRows = 384;

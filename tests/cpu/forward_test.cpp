@@ -190,18 +190,21 @@ TEST(Forward, RowsThatSeeNothingAreZeroWithNegInfLse) {
 }
 
 TEST(Forward, NanInAnInputStaysInItsRows) {
-  Shape s{.sq = 120, .sk = 100, .hq = 1, .causal = true};
-  Problem p = make_problem(s, 11);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  p.q.set(37 * 64 + 5, nan);  // query row 37
-  p.k.set(90 * 64 + 2, nan);  // key 90: seen by rows >= 110
-  flashattn::forward(p.args);
-  for (int64_t i = 0; i < 120; ++i) {
-    bool poisoned = i == 37 || i >= 110;
-    for (int64_t x = 0; x < 64; ++x) ASSERT_EQ(std::isnan(p.out.get(i * 64 + x)), poisoned) << "row " << i;
-    ASSERT_EQ(std::isnan(p.lse.get(i)), poisoned) << "row " << i;
+  for (DType t : {DType::f32, DType::bf16}) {  // bf16 runs the AMX tiles where the CPU has them
+    SCOPED_TRACE(flashattn::dtype_name(t));
+    Shape s{.dtype = t, .sq = 120, .sk = 100, .hq = 1, .causal = true};
+    Problem p = make_problem(s, 11);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    p.q.set(37 * 64 + 5, nan);  // query row 37
+    p.k.set(90 * 64 + 2, nan);  // key 90: seen by rows >= 110
+    flashattn::forward(p.args);
+    for (int64_t i = 0; i < 120; ++i) {
+      bool poisoned = i == 37 || i >= 110;
+      for (int64_t x = 0; x < 64; ++x) ASSERT_EQ(std::isnan(p.out.get(i * 64 + x)), poisoned) << "row " << i;
+      ASSERT_EQ(std::isnan(p.lse.get(i)), poisoned) << "row " << i;
+    }
+    EXPECT_TRUE(matches_reference(p));
   }
-  EXPECT_TRUE(matches_reference(p));
 }
 
 TEST(Forward, HugeScoresDoNotOverflow) {
@@ -234,14 +237,15 @@ TEST(Forward, LongSequencesKeepTheirPrecision) {
 // Every SIMD level this CPU has (capped through FLASHATTN_CPU_KERNEL) is within the rule.
 TEST(Forward, EverySimdLevelIsAccurate) {
   using flashattn::cpu::KernelLevel;
-  for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512}) {
+  for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512, KernelLevel::amx}) {
     if (int(level) > int(flashattn::cpu::detected_level())) continue;
     setenv("FLASHATTN_CPU_KERNEL", flashattn::cpu::level_name(level), 1);
     EXPECT_EQ(flashattn::build_info().cpu_kernel, flashattn::cpu::level_name(level));
     uint32_t seed = 100;
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
       for (Shape s : {Shape{.sq = 150, .sk = 211, .hq = 4, .hkv = 2, .d = 72, .causal = true, .softcap = 8.f},
-                      Shape{.sq = 5, .sk = 100, .hq = 1, .d = 32, .wl = 20, .wr = 3, .pad = 2}}) {
+                      Shape{.sq = 5, .sk = 100, .hq = 1, .d = 32, .wl = 20, .wr = 3, .pad = 2},
+                      Shape{.sq = 99, .sk = 140, .hq = 2, .d = 128, .causal = true, .softcap = 8.f}}) {
         s.dtype = t;
         SCOPED_TRACE(std::string(flashattn::cpu::level_name(level)) + " " + describe(s));
         Problem p = make_problem(s, seed++);
@@ -251,6 +255,38 @@ TEST(Forward, EverySimdLevelIsAccurate) {
     }
   }
   unsetenv("FLASHATTN_CPU_KERNEL");
+}
+
+// The bf16 forward on AMX tiles (src/cpu/amx.h) over the shapes its blocking has edges at: every
+// head dim it takes (multiples of 32), key counts that leave a last tile of 1-63 keys (16-key and
+// 32-key steps in the products), query tiles of a few rows up to several tiles (16- and 32-row
+// steps), masks that give diagonal tiles and rows that see nothing, softcap, GQA, strides, varlen
+// with empty sequences, and a head too large to pack whole (packed a key tile at a time).
+TEST(Forward, AmxTilesAreAccurate) {
+  using flashattn::cpu::KernelLevel;
+  if (flashattn::cpu::detected_level() != KernelLevel::amx) GTEST_SKIP() << "this CPU (or OS) offers no AMX-BF16";
+  std::vector<Shape> shapes;
+  for (int64_t d : {32, 64, 96, 128, 192, 256}) {
+    shapes.push_back({.sq = 150, .sk = 211, .hq = 4, .hkv = 2, .d = d, .causal = true});
+    shapes.push_back({.sq = 17, .sk = 65, .hq = 1, .d = d, .softcap = 6.f, .pad = 2});
+  }
+  shapes.push_back({.batch = 2, .sq = 1, .sk = 1000, .hq = 8, .hkv = 1, .d = 128});
+  shapes.push_back({.sq = 300, .sk = 33, .hq = 2, .d = 64, .causal = true});  // rows 0-266 see nothing
+  shapes.push_back({.sq = 500, .sk = 520, .hq = 1, .d = 64, .wl = 70, .wr = 5});
+  shapes.push_back({.sq = 777, .sk = 777, .hq = 1, .d = 128, .causal = true});
+  shapes.push_back({.sq = 3, .sk = 17000, .hq = 1, .d = 256});  // K and V^T past 16 MiB: per-tile packing
+  Shape varlen{.hq = 4, .hkv = 2, .d = 64, .causal = true};
+  varlen.cu_q = {0, 0, 70, 71, 200, 260};
+  varlen.cu_k = {0, 13, 13, 150, 300, 301};
+  shapes.push_back(varlen);
+  uint32_t seed = 500;
+  for (Shape s : shapes) {
+    s.dtype = DType::bf16;
+    SCOPED_TRACE(describe(s));
+    Problem p = make_problem(s, seed++);
+    flashattn::forward(p.args);
+    EXPECT_TRUE(matches_reference(p));
+  }
 }
 
 TEST(Forward, UnknownKernelLevelIsAnError) {
@@ -285,12 +321,15 @@ TEST(Forward, DeterministicAcrossRunsAndThreadCounts) {
 TEST(CpuInfo, ReportsFeaturesAndLevel) {
   flashattn::BuildInfo info = flashattn::build_info();
   std::string level = info.cpu_kernel;
-  EXPECT_TRUE(level == "portable" || level == "avx2" || level == "avx512") << level;
+  EXPECT_TRUE(level == "portable" || level == "avx2" || level == "avx512" || level == "amx") << level;
   EXPECT_EQ(level, flashattn::cpu::level_name(flashattn::cpu::detected_level()));
   if (level != "portable") {
     EXPECT_NE(info.cpu_features.find("avx2"), std::string::npos) << info.cpu_features;
     EXPECT_NE(info.cpu_features.find("fma"), std::string::npos) << info.cpu_features;
   }
+  if (level == "amx")
+    for (const char* f : {"avx512bf16", "amx-tile", "amx-bf16"})
+      EXPECT_NE(info.cpu_features.find(f), std::string::npos) << info.cpu_features;
 #if defined(__x86_64__)
   EXPECT_EQ(__builtin_cpu_supports("avx2") != 0, info.cpu_features.find("avx2") != std::string::npos);
 #endif

@@ -1,0 +1,46 @@
+// The forward's two products on AMX-BF16 tiles (kernels_amx.cpp), for bf16 inputs on CPUs that
+// have AMX (Intel Sapphire Rapids and later): a tile instruction multiplies a 16 x 32 bf16 tile by
+// a 32 x 16 one into 16 x 16 fp32, about 16 times the FLOPs per cycle of AVX-512 FMA.
+//
+// The loop nest, the masks and the online softmax are the float engine's (attn_engine.h): the
+// score tile S^T [keys][rows] and the output O~^T [d][rows] stay fp32 in the same layouts, so the
+// AVX-512 softmax runs on them unchanged. Only the operands change form:
+//   Q   as QV [d/2][mpad] 32-bit words: word (r, i) holds query row i's bf16 pair (q[2r], q[2r+1]),
+//       the "VNNI" layout a B tile wants (K = d, N = rows); the bf16 inputs as they are, unscaled;
+//   K   as rows [keys][ldk] bf16: the A tile of S^T = K Q^T;
+//   V   as V^T [d][ldv] bf16: the A tile of O~^T = V^T P^T;
+//   P^T rounded to bf16 (nearest even) into PV [keys/2][mpad] words, pairs of consecutive keys:
+//       the B tile of O~^T. P's row sums l stay those of the fp32 P, as on the GPU.
+// K and V^T hold keys up to a multiple of 64, the padding zero, so a last partial key tile reads
+// finite values; P^T is zero past nk.
+//
+// Each task brackets its products with begin() and end(): the tile configuration is per thread and
+// other code in the thread (PyTorch's own AMX kernels, say) may change it between our calls.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cpu {
+
+struct AmxKernels {
+  void (*begin)();  // load this file's tile configuration
+  void (*end)();    // release the tiles (back to the initial state)
+  // ST[j][i] = mul * sum_x K[j][x] Q_i[x] for j < nk rounded up to 16, i < rows (a multiple of 16);
+  // K rows ldk elements apart; QV and ST rows mpad apart.
+  void (*scores)(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int64_t d, int64_t rows,
+                 int64_t mpad, float mul, float* st);
+  // OT[x][i] = f[i] * OT[x][i] + sum_{j < nk} V^T[x][j] bf16(PT[j][i]) for x < d, i < rows; V^T rows
+  // ldv apart (its columns readable up to nk rounded up to 32), PT and OT rows mpad apart. pv is
+  // scratch of 32 x mpad words.
+  void (*accumulate)(const uint16_t* vt, int64_t ldv, int64_t nk, const float* pt, int64_t rows, int64_t mpad,
+                     int64_t d, const float* f, float* ot, uint32_t* pv);
+};
+
+// The AMX kernels; only called where active_level() is KernelLevel::amx.
+const AmxKernels& amx_kernels();
+
+// Whether the OS lets this process use the AMX tile registers: Linux hands them out on request
+// (arch_prctl ARCH_REQ_XCOMP_PERM, once per process). False elsewhere.
+bool request_amx_permission();
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,162 @@
+// The AMX-BF16 products of the forward (amx.h). Compiled with the AVX-512, AVX512-BF16 and AMX flags
+// (see CMakeLists.txt), so it is called only when the CPU and the OS offer all of them.
+//
+// Every tile register is configured as 16 rows x 64 bytes: tiles 0-3 hold a 2 x 2 block of fp32
+// results (16 x 16 each), tiles 4-5 two A operands (16 rows x 32 bf16) and 6-7 two B operands (16
+// pairs of rows x 16 columns, VNNI). The tile intrinsics name their registers by literal numbers
+// (GCC's expand them into the instruction text), so the block shapes 1-2 x 1-2 are spelled out
+// with `if constexpr` rather than indexed.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/amx.h"
+
+namespace flashattn::cpu {
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// A constant in memory: GCC 12 treats ldtilecfg's operand as a one-byte read, so a configuration
+// built on the stack before it lost every store but the palette's (and the first tile
+// instruction then faulted).
+alignas(64) constexpr TileConfig kConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+void begin() { _tile_loadconfig(&kConfig); }
+
+void end() { _tile_release(); }
+
+// ---- S^T = K Q^T -------------------------------------------------------------------------------
+// KB blocks of 16 keys x RB blocks of 16 query rows, summed over the head dim 32 at a time.
+template <int KB, int RB>
+void scores_block(const uint16_t* k, int64_t ldk, const uint32_t* qv, int64_t d, int64_t mpad, float* st) {
+  const int64_t k_stride = ldk * 2, q_stride = mpad * 4, s_stride = mpad * 4;
+  _tile_zero(0);
+  if constexpr (RB == 2) _tile_zero(1);
+  if constexpr (KB == 2) _tile_zero(2);
+  if constexpr (KB == 2 && RB == 2) _tile_zero(3);
+  for (int64_t x = 0; x < d; x += 32) {
+    _tile_loadd(4, k + x, k_stride);
+    if constexpr (KB == 2) _tile_loadd(5, k + 16 * ldk + x, k_stride);
+    _tile_loadd(6, qv + (x / 2) * mpad, q_stride);
+    if constexpr (RB == 2) _tile_loadd(7, qv + (x / 2) * mpad + 16, q_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (KB == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (KB == 2 && RB == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, st, s_stride);
+  if constexpr (RB == 2) _tile_stored(1, st + 16, s_stride);
+  if constexpr (KB == 2) _tile_stored(2, st + 16 * mpad, s_stride);
+  if constexpr (KB == 2 && RB == 2) _tile_stored(3, st + 16 * mpad + 16, s_stride);
+}
+
+void scores(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int64_t d, int64_t rows, int64_t mpad,
+            float mul, float* st) {
+  const int64_t keys = (nk + 15) / 16 * 16;
+  for (int64_t i = 0; i < rows; i += 32) {
+    const bool two_rows = rows - i >= 32;
+    for (int64_t j = 0; j < keys; j += 32) {
+      const bool two_keys = keys - j >= 32;
+      const uint16_t* kj = k + j * ldk;
+      float* s = st + j * mpad + i;
+      if (two_keys && two_rows) scores_block<2, 2>(kj, ldk, qv + i, d, mpad, s);
+      else if (two_keys) scores_block<2, 1>(kj, ldk, qv + i, d, mpad, s);
+      else if (two_rows) scores_block<1, 2>(kj, ldk, qv + i, d, mpad, s);
+      else scores_block<1, 1>(kj, ldk, qv + i, d, mpad, s);
+    }
+  }
+  if (mul == 1.f) return;
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int64_t j = 0; j < keys; ++j)
+    for (int64_t i = 0; i < rows; i += 16) _mm512_storeu_ps(st + j * mpad + i, _mm512_mul_ps(m, _mm512_loadu_ps(st + j * mpad + i)));
+}
+
+// ---- O~^T = f O~^T + V^T P^T -------------------------------------------------------------------
+// P^T [nk][rows] fp32 -> PV [nk/2][rows] words (bf16 pairs of keys 2r and 2r + 1), zero from key nk
+// up to a multiple of 32.
+void pack_p(const float* pt, int64_t nk, int64_t rows, int64_t mpad, uint32_t* pv) {
+  // cvtne2ps gives key 2r's 16 values in the low half and key 2r + 1's in the high half; the
+  // permutation interleaves them into pairs.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                            21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  const int64_t pairs = (nk + 31) / 32 * 16;
+  for (int64_t r = 0; r < pairs; ++r) {
+    const float* even = pt + 2 * r * mpad;
+    const float* odd = even + mpad;
+    for (int64_t i = 0; i < rows; i += 16) {
+      const __m512 lo = 2 * r < nk ? _mm512_loadu_ps(even + i) : _mm512_setzero_ps();
+      const __m512 hi = 2 * r + 1 < nk ? _mm512_loadu_ps(odd + i) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      _mm512_storeu_si512(pv + r * mpad + i, _mm512_permutexvar_epi16(idx, both));
+    }
+  }
+}
+
+// OT *= f, row group by row group; a group of 16 rows whose maxima all stayed put (f = 1 exactly:
+// exp2 of 0) is left alone, which is most of them once a row has seen a few tiles.
+void rescale(const float* f, int64_t rows, int64_t mpad, int64_t d, float* ot) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < rows; i += 16) {
+    const __m512 fv = _mm512_loadu_ps(f + i);
+    if (_mm512_cmp_ps_mask(fv, one, _CMP_NEQ_UQ) == 0) continue;
+    for (int64_t x = 0; x < d; ++x) _mm512_storeu_ps(ot + x * mpad + i, _mm512_mul_ps(fv, _mm512_loadu_ps(ot + x * mpad + i)));
+  }
+}
+
+// 2 blocks of 16 head-dim rows x RB blocks of 16 query rows of O~^T, over keys [0, keys).
+template <int RB>
+void accumulate_block(const uint16_t* vt, int64_t ldv, int64_t keys, const uint32_t* pv, int64_t mpad, float* ot) {
+  const int64_t v_stride = ldv * 2, p_stride = mpad * 4, o_stride = mpad * 4;
+  _tile_loadd(0, ot, o_stride);
+  if constexpr (RB == 2) _tile_loadd(1, ot + 16, o_stride);
+  _tile_loadd(2, ot + 16 * mpad, o_stride);
+  if constexpr (RB == 2) _tile_loadd(3, ot + 16 * mpad + 16, o_stride);
+  for (int64_t j = 0; j < keys; j += 32) {
+    _tile_loadd(4, vt + j, v_stride);
+    _tile_loadd(5, vt + 16 * ldv + j, v_stride);
+    _tile_loadd(6, pv + (j / 2) * mpad, p_stride);
+    if constexpr (RB == 2) _tile_loadd(7, pv + (j / 2) * mpad + 16, p_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (RB == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, ot, o_stride);
+  if constexpr (RB == 2) _tile_stored(1, ot + 16, o_stride);
+  _tile_stored(2, ot + 16 * mpad, o_stride);
+  if constexpr (RB == 2) _tile_stored(3, ot + 16 * mpad + 16, o_stride);
+}
+
+void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const float* pt, int64_t rows, int64_t mpad, int64_t d,
+                const float* f, float* ot, uint32_t* pv) {
+  pack_p(pt, nk, rows, mpad, pv);
+  rescale(f, rows, mpad, d, ot);
+  const int64_t keys = (nk + 31) / 32 * 32;
+  for (int64_t x = 0; x < d; x += 32)
+    for (int64_t i = 0; i < rows; i += 32) {
+      if (rows - i >= 32) accumulate_block<2>(vt + x * ldv, ldv, keys, pv + i, mpad, ot + x * mpad + i);
+      else accumulate_block<1>(vt + x * ldv, ldv, keys, pv + i, mpad, ot + x * mpad + i);
+    }
+}
+
+}  // namespace
+
+const AmxKernels& amx_kernels() {
+  static const AmxKernels k{&begin, &end, &scores, &accumulate};
+  return k;
+}
+
+}  // namespace flashattn::cpu
+
+#endif  // __x86_64__
