@@ -31,9 +31,11 @@ struct AmxKernels {
                  int64_t mpad, float mul, float* st);
   // OT[x][i] = f[i] * OT[x][i] + sum_{j < nk} V^T[x][j] bf16(PT[j][i]) for x < d, i < rows; V^T rows
   // ldv apart (its columns readable up to nk rounded up to 32), PT and OT rows mpad apart. pv is
-  // scratch of 32 x mpad words.
+  // scratch of (nk rounded up to 32) / 2 x mpad words.
   void (*accumulate)(const uint16_t* vt, int64_t ldv, int64_t nk, const float* pt, int64_t rows, int64_t mpad,
                      int64_t d, const float* f, float* ot, uint32_t* pv);
+  // dst[0, n) = src rounded to bf16 (nearest even; fp32 subnormals become 0); n a multiple of 16.
+  void (*to_bf16)(const float* src, void* dst, int64_t n);
 };
 
 // The AMX kernels; only called where active_level() is KernelLevel::amx.

@@ -65,21 +65,23 @@ inline int64_t packed_stride(int64_t d, int64_t elem_bytes) {
   return (lines % 2 == 0 ? lines + 1 : lines) * line;
 }
 
-// One worker's scratch space: O(block_m * d + kBlockN * d) values.
+// One worker's scratch space: O(block_m * d + block_n * d) values. block_m query rows at most per
+// tile, block_n keys per key tile (kBlockN, or the AMX path's own).
 template <class T>
 struct Workspace {
-  explicit Workspace(int64_t head_dim)
+  explicit Workspace(int64_t head_dim, int64_t rows_per_tile = 0, int64_t keys_per_tile = kBlockN)
       : d(head_dim),
         ld(packed_stride(head_dim, sizeof(T))),
-        block_m(block_rows(head_dim)),
+        block_m(rows_per_tile > 0 ? rows_per_tile : block_rows(head_dim)),
+        block_n(keys_per_tile),
         qt(d * block_m),
         ot(d * block_m),
-        st(kBlockN * block_m),
-        kt(kBlockN * ld),
-        vt(kBlockN * ld) {}
-  int64_t d, ld, block_m;
-  AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [kBlockN][mpad]
-  AlignedArray<T> kt, vt;      // the current key / value tile, [kBlockN][ld]
+        st(block_n * block_m),
+        kt(block_n * ld),
+        vt(block_n * ld) {}
+  int64_t d, ld, block_m, block_n;
+  AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [block_n][mpad]
+  AlignedArray<T> kt, vt;      // the current key / value tile, [block_n][ld]
   alignas(64) T m[kMaxTileRows], l[kMaxTileRows], f[kMaxTileRows];
   int64_t lo[kMaxTileRows], hi[kMaxTileRows];  // visible keys [lo, hi) of each row
   int64_t rows = 0, mpad = 0;
@@ -143,8 +145,8 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
   const int64_t d = ws.d;
   T* qt = ws.qt.get();
   T* staged = ws.kt.get();
-  for (int64_t r0 = 0; r0 < ws.mpad; r0 += kBlockN) {
-    const int64_t r1 = r0 + kBlockN < ws.mpad ? r0 + kBlockN : ws.mpad;
+  for (int64_t r0 = 0; r0 < ws.mpad; r0 += ws.block_n) {
+    const int64_t r1 = r0 + ws.block_n < ws.mpad ? r0 + ws.block_n : ws.mpad;
     for (int64_t i = r0; i < r1 && i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), staged + (i - r0) * ws.ld, d);
     for (int64_t x = 0; x < d; ++x)
       for (int64_t i = r0; i < r1; ++i) qt[x * ws.mpad + i] = i < rows ? staged[(i - r0) * ws.ld + x] * cfg.q_scale : T(0);
@@ -198,8 +200,8 @@ void apply_mask(Workspace<T>& ws, int64_t k0, int64_t nk, int64_t i0, int64_t i1
   }
 }
 
-inline int64_t tile_keys(int64_t seqlen_k, int64_t n) {
-  return seqlen_k - n * kBlockN < kBlockN ? seqlen_k - n * kBlockN : kBlockN;
+inline int64_t tile_keys(int64_t seqlen_k, int64_t n, int64_t block_n) {
+  return seqlen_k - n * block_n < block_n ? seqlen_k - n * block_n : block_n;
 }
 
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
@@ -212,15 +214,21 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
                   int64_t n_begin, int64_t n_end, const KeyTiles& tiles) {
   const int64_t mpad = ws.mpad, align = kern.row_align;
   for (int64_t n = n_begin; n < n_end; ++n) {
-    const int64_t k0 = n * kBlockN, nk = tile_keys(cfg.mask.seqlen_k, n);
+    int64_t k0 = n * ws.block_n, nk = tile_keys(cfg.mask.seqlen_k, n, ws.block_n);
     // lo and hi are nondecreasing over the real rows: the rows that see a key of [k0, k0 + nk)
-    // are one run [i0, i1).
+    // are one run [i0, i1), and the keys any of them sees one run too. The tile is cut to that run
+    // (its start in steps of 32 keys, so an AMX tile's reads stay within the tile's padded keys):
+    // under a causal mask with long key tiles most of the diagonal tile is above the diagonal.
     int64_t i0 = 0, i1 = mpad;
     if (range.needs_mask(n)) {
       while (i0 < ws.rows && ws.hi[i0] <= k0) ++i0;
       int64_t last = ws.rows;
       while (last > i0 && ws.lo[last - 1] >= k0 + nk) --last;
       if (last <= i0) continue;
+      const int64_t first_key = ws.lo[i0] > k0 ? k0 + (ws.lo[i0] - k0) / 32 * 32 : k0;
+      const int64_t end_key = ws.hi[last - 1] < k0 + nk ? ws.hi[last - 1] : k0 + nk;
+      nk = end_key - first_key;
+      k0 = first_key;
       i1 = ceil_div(last, align) * align;
       i0 = i0 / align * align;
     }

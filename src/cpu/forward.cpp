@@ -2,13 +2,12 @@
 // loop of attn_engine.h over the key tiles its rows can see. Tasks write disjoint rows of out and
 // lse, so the result does not depend on the number of threads or on the schedule.
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "api/backends.h"
-#include "cpu/amx.h"
+#include "cpu/amx_engine.h"
 #include "cpu/attn_engine.h"
 #include "cpu/parallel.h"
 
@@ -61,83 +60,16 @@ struct HeadPack {
   }
 };
 
-// bf16 on AMX tiles (amx.h): a worker's operands in the tiles' forms. Q of the current query tile
-// as VNNI words, the P scratch, and K rows and V^T of one (sequence, KV head) packed once and
-// reused as HeadPack does; a head past kMaxPackBytes is packed a key tile at a time instead.
-struct AmxSpace {
-  AmxSpace(int64_t d, int64_t block_m) : qv(d / 2 * block_m), pv(kBlockN / 2 * block_m) {}
-  AlignedArray<uint32_t> qv, pv;  // [d/2][mpad], [32][mpad]
-  int64_t b = -1, hk = -1, ldv = 0, capacity = 0;
-  std::unique_ptr<AlignedArray<uint16_t>> k, vt;  // [keys][d], [d][ldv]
-
-  void reserve(int64_t elems) {
-    if (k && elems <= capacity) return;
-    capacity = elems;
-    k = std::make_unique<AlignedArray<uint16_t>>(capacity);
-    vt = std::make_unique<AlignedArray<uint16_t>>(capacity);
-  }
-};
-
-// The rows of ws's query tile into qv[r][i] = the bf16 pair (q_i[2r], q_i[2r + 1]), 0 past ws.rows.
-template <class QRow>
-void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, uint32_t* qv) {
-  for (int64_t i = 0; i < ws.mpad; ++i) {
-    const auto* src = i < ws.rows ? static_cast<const char*>(q_row(i)) : nullptr;
-    for (int64_t r = 0; r < ws.d / 2; ++r) {
-      uint32_t w = 0;
-      if (src) std::memcpy(&w, src + 4 * r, 4);
-      qv[r * ws.mpad + i] = w;
-    }
-  }
+// Query tiles per task. One tile per task unless the AMX kernels run: their packs of K and V^T cost
+// a transposition per worker and head, so a task takes several of a head's tiles as long as every
+// worker still gets about 4 tasks (the tiles of a head cost the same without a mask, and about
+// the same in total under one).
+int64_t tiles_per_task(const core::ForwardParams& p, int64_t tiles_per_head, bool amx) {
+  if (!amx) return 1;
+  const int64_t heads = p.batch * p.heads_q, workers = workers_for(heads * tiles_per_head, p.num_threads);
+  const int64_t per_task = heads * tiles_per_head / (4 * workers);
+  return std::clamp<int64_t>(per_task, 1, std::max<int64_t>(1, tiles_per_head));
 }
-
-// Keys [k0, k0 + n) of a head into K rows [n rounded up to kBlockN][d] and V^T [d][ldv], the padding
-// zero. V^T is written 32 keys at a time, so each key's row is fetched once and stays in L1 while
-// its values go out column by column.
-template <class KeyRows>
-void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t d, uint16_t* k, uint16_t* vt,
-                   int64_t ldv) {
-  const int64_t padded = ceil_div(n, kBlockN) * kBlockN;
-  for (int64_t j = 0; j < padded; ++j) {
-    if (j < n) std::memcpy(k + j * d, key_rows(k0 + j).first, size_t(d) * 2);
-    else std::memset(k + j * d, 0, size_t(d) * 2);
-  }
-  const uint16_t* rows[32];
-  for (int64_t j0 = 0; j0 < padded; j0 += 32) {
-    for (int64_t j = 0; j < 32; ++j)
-      rows[j] = j0 + j < n ? static_cast<const uint16_t*>(key_rows(k0 + j0 + j).second) : nullptr;
-    for (int64_t x = 0; x < d; ++x) {
-      uint16_t* dst = vt + x * ldv + j0;
-      for (int64_t j = 0; j < 32; ++j) dst[j] = rows[j] ? rows[j][x] : uint16_t(0);
-    }
-  }
-}
-
-// A key tile of attend_tiles on the AMX kernels.
-struct AmxTile {
-  const AmxKernels* amx;
-  const uint16_t* k;   // the tile's first key row, d apart
-  const uint16_t* vt;  // its first V^T column, ldv apart
-  int64_t ldv;
-  const uint32_t* qv;
-  uint32_t* pv;
-  float mul;  // TileConfig::q_scale, which the float path folds into its Q^T
-  void scores(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->scores(k, ws.d, nk, qv + i0, ws.d, rows, ws.mpad, mul, ws.st.get() + i0);
-  }
-  void accumulate(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->accumulate(vt, ldv, nk, ws.st.get() + i0, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0, pv);
-  }
-};
-
-// Releases the tiles however the task ends.
-struct AmxScope {
-  const AmxKernels* amx;
-  explicit AmxScope(const AmxKernels* a) : amx(a) { amx->begin(); }
-  ~AmxScope() { amx->end(); }
-  AmxScope(const AmxScope&) = delete;
-  AmxScope& operator=(const AmxScope&) = delete;
-};
 
 // amx: the AMX kernels for a bf16 problem, or null for the float (or double) kernels alone.
 template <class T>
@@ -148,12 +80,16 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
   // Tasks of one head are adjacent, so the threads share that head's K and V in cache; within a
   // head the last query tiles come first, as with a causal mask they see the most keys and should
   // not be the ones left running at the end.
-  const int64_t bm = block_rows(d);
+  const int64_t bm = amx ? kAmxBlockM : block_rows(d), bn = amx ? kAmxBlockN : kBlockN;
+  int64_t max_sq = 0;
+  for (int64_t b = 0; b < p.batch; ++b) max_sq = std::max(max_sq, span_of(p, b).sq);
+  const int64_t task_rows = bm * tiles_per_task(p, ceil_div(max_sq, bm), amx != nullptr);
   std::vector<Task> tasks;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t sq = span_of(p, b).sq;
     for (int64_t h = 0; h < p.heads_q; ++h)
-      for (int64_t r0 = (ceil_div(sq, bm) - 1) * bm; r0 >= 0; r0 -= bm) tasks.push_back({b, h, r0, std::min(sq, r0 + bm)});
+      for (int64_t r0 = (ceil_div(sq, task_rows) - 1) * task_rows; r0 >= 0; r0 -= task_rows)
+        tasks.push_back({b, h, r0, std::min(sq, r0 + task_rows)});
   }
 
   const int workers = workers_for(int64_t(tasks.size()), p.num_threads);
@@ -164,62 +100,45 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
   const auto* k = static_cast<const char*>(p.k);
   const auto* v = static_cast<const char*>(p.v);
   auto* out = static_cast<char*>(p.out);
+  const DType lse_type = p.dtype == DType::f64 ? DType::f64 : DType::f32;
 
   parallel_for(int64_t(tasks.size()), p.num_threads, [&](int64_t t, int worker) {
     auto& slot = spaces[size_t(worker)];
-    if (!slot) slot = std::make_unique<Workspace<T>>(d);
+    if (!slot) slot = std::make_unique<Workspace<T>>(d, bm, bn);
     Workspace<T>& ws = *slot;
     const Task& task = tasks[size_t(t)];
     const Span s = span_of(p, task.b);
     const int64_t hk = task.h / p.group();
     const TileConfig<T> cfg = make_config<T>(p.dtype, p.scale, p.softcap, mask_of(s));
-
-    auto q_row = [&](int64_t i) { return q + esize * p.q_s.offset(task.b, s.q0 + task.r0 + i, task.h); };
-    auto pos = [&](int64_t i) { return task.r0 + i; };
-    core::TileRange tr = core::tile_range(cfg.mask, task.r0, task.r1, kBlockN);
     auto key_rows = [&](int64_t key) {
       return std::pair<const void*, const void*>(k + esize * p.k_s.offset(task.b, s.k0 + key, hk),
                                                  v + esize * p.v_s.offset(task.b, s.k0 + key, hk));
     };
-    if constexpr (std::is_same_v<T, float>) {
-      if (amx) {
-        auto& aslot = amx_spaces[size_t(worker)];
-        if (!aslot) aslot = std::make_unique<AmxSpace>(d, ws.block_m);
-        AmxSpace& as = *aslot;
-        reset_tile(ws, kern.row_align, cfg, task.r1 - task.r0, pos);
-        pack_amx_queries(ws, q_row, as.qv.get());
-        const AmxScope scope(amx);
-        const int64_t padded = ceil_div(s.sk, kBlockN) * kBlockN, head_ldv = packed_stride(padded, 2);
-        AmxTile tile{amx, nullptr, nullptr, 0, as.qv.get(), as.pv.get(), float(cfg.q_scale)};
-        if ((padded + head_ldv) * d * 2 <= kMaxPackBytes) {
-          as.reserve(std::max(padded, head_ldv) * d);
-          if (as.b != task.b || as.hk != hk) {
-            pack_amx_keys(key_rows, 0, s.sk, d, as.k->get(), as.vt->get(), head_ldv);
-            as.b = task.b;
-            as.hk = hk;
+    for (int64_t r0 = task.r0; r0 < task.r1; r0 += bm) {
+      const int64_t r1 = std::min(task.r1, r0 + bm);
+      auto q_row = [&](int64_t i) { return q + esize * p.q_s.offset(task.b, s.q0 + r0 + i, task.h); };
+      auto pos = [&](int64_t i) { return r0 + i; };
+      const core::TileRange tr = core::tile_range(cfg.mask, r0, r1, bn);
+      auto out_row = [&](int64_t i) { return out + esize * p.o_s.offset(task.b, s.q0 + r0 + i, task.h); };
+      auto store_lse = [&](int64_t i, T lse) {
+        if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(task.b, s.q0 + r0 + i, task.h), lse);
+      };
+      if constexpr (std::is_same_v<T, float>) {
+        if (amx) {
+          auto& aslot = amx_spaces[size_t(worker)];
+          if (!aslot) aslot = std::make_unique<AmxSpace>(d, bm, bn);
+          reset_tile(ws, kern.row_align, cfg, r1 - r0, pos);
+          attend_amx(ws, *aslot, *amx, kern, cfg, tr, q_row, key_rows, s.sk, task.b, hk, kMaxPackBytes);
+          // Row i gathered from its O~^T column, divided by l, and rounded to bf16 16 values at a time.
+          float* row = ws.kt.get();
+          for (int64_t i = 0; i < ws.rows; ++i) {
+            store_lse(i, finish_row(ws, cfg, i, [&](int64_t x, float val) { row[x] = val; }));
+            amx->to_bf16(row, out_row(i), d);
           }
-          attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t) {
-            tile.k = as.k->get() + k0 * d;
-            tile.vt = as.vt->get() + k0;
-            tile.ldv = head_ldv;
-            return tile;
-          });
-        } else {
-          const int64_t tile_ldv = packed_stride(kBlockN, 2);
-          as.reserve(tile_ldv * d);
-          as.b = -1;  // the buffers no longer hold a whole head
-          attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t nk) {
-            pack_amx_keys(key_rows, k0, nk, d, as.k->get(), as.vt->get(), tile_ldv);
-            tile.k = as.k->get();
-            tile.vt = as.vt->get();
-            tile.ldv = tile_ldv;
-            return tile;
-          });
+          continue;
         }
       }
-    }
-    if (!amx) {
-      begin_tile(ws, kern, cfg, task.r1 - task.r0, q_row, pos);
+      begin_tile(ws, kern, cfg, r1 - r0, q_row, pos);
       if (s.sk * ws.ld * int64_t(sizeof(T)) * 2 <= kMaxPackBytes) {
         HeadPack<T>& pack = packs[size_t(worker)];
         pack.fill(task.b, hk, s.sk, ws.ld, d, kern, p.dtype, key_rows);
@@ -229,13 +148,10 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
       } else {
         attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, packed_per_tile(ws, kern, p.dtype, key_rows));
       }
-    }
-    for (int64_t i = 0; i < ws.rows; ++i) {
-      const int64_t token = s.q0 + task.r0 + i;
-      char* o = out + esize * p.o_s.offset(task.b, token, task.h);
-      T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
-      if (p.lse) store_value(p.lse, p.dtype == DType::f64 ? DType::f64 : DType::f32,
-                             p.lse_s.offset(task.b, token, task.h), lse);
+      for (int64_t i = 0; i < ws.rows; ++i) {
+        char* o = out_row(i);
+        store_lse(i, finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); }));
+      }
     }
   });
 }

@@ -150,10 +150,16 @@ void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const float* pt, in
     }
 }
 
+void to_bf16(const float* src, void* dst, int64_t n) {
+  auto* out = static_cast<char*>(dst);
+  for (int64_t i = 0; i < n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+}
+
 }  // namespace
 
 const AmxKernels& amx_kernels() {
-  static const AmxKernels k{&begin, &end, &scores, &accumulate};
+  static const AmxKernels k{&begin, &end, &scores, &accumulate, &to_bf16};
   return k;
 }
 

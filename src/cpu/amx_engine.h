@@ -1,0 +1,154 @@
+// The bf16 forward's query tile on AMX tiles (amx.h): the operands put into the tiles' forms, then
+// the float engine's loop (attn_engine.h attend_tiles) with AmxTile's products.
+//
+// Shapes (measured on a 2-core Sapphire Rapids VM, bf16, b=1, h=16, s=2048, d=128, 2026-12-05):
+// query tiles of kAmxBlockM rows and key tiles of kAmxBlockN keys. The tile products load and store
+// their fp32 results (S^T, O~^T) through memory, so O~^T is loaded and stored once per key tile:
+// few query rows keep O~^T (d x 64 fp32, 32 KiB at d = 128) in L1, and long key tiles amortize its
+// pass over more products.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "cpu/amx.h"
+#include "cpu/attn_engine.h"
+
+namespace flashattn::cpu {
+
+inline constexpr int64_t kAmxBlockM = 64;
+inline constexpr int64_t kAmxBlockN = 256;
+
+// A worker's operands in the tiles' forms: Q of the current query tile as VNNI words, the P
+// scratch, and K rows and V^T of one (sequence, KV head), packed once and reused by the worker's
+// next query tiles of that head; a head past max_pack_bytes is packed a key tile at a time instead.
+struct AmxSpace {
+  AmxSpace(int64_t d, int64_t block_m, int64_t block_n)
+      : qv(d / 2 * block_m), pv(block_n / 2 * block_m), staged(32 * d) {}
+  AlignedArray<uint32_t> qv, pv;  // [d/2][mpad], [block_n/2][mpad]
+  AlignedArray<uint16_t> staged;  // up to 32 rows copied whole before a transposition
+  int64_t b = -1, hk = -1, capacity = 0;
+  std::unique_ptr<AlignedArray<uint16_t>> k, vt;  // [keys][d], [d][ldv]
+
+  void reserve(int64_t elems) {
+    if (k && elems <= capacity) return;
+    capacity = elems;
+    k = std::make_unique<AlignedArray<uint16_t>>(capacity);
+    vt = std::make_unique<AlignedArray<uint16_t>>(capacity);
+  }
+};
+
+// Copies `n` rows of d bf16 values (row(j) for j < n) into staged [32][d]; rows n..31 become zero.
+// Whole-row copies keep many loads of the (cold, scattered) tensor rows in flight; the
+// transpositions then read the copy from L1.
+template <class Row>
+void stage_rows(const Row& row, int64_t n, int64_t d, uint16_t* staged) {
+  for (int64_t j = 0; j < 32; ++j) {
+    if (j < n) std::memcpy(staged + j * d, row(j), size_t(d) * 2);
+    else std::memset(staged + j * d, 0, size_t(d) * 2);
+  }
+}
+
+// The rows of ws's query tile into qv[r][i] = the bf16 pair (q_i[2r], q_i[2r + 1]), 0 past ws.rows.
+template <class QRow>
+void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, AmxSpace& as) {
+  uint32_t* qv = as.qv.get();
+  for (int64_t i0 = 0; i0 < ws.mpad; i0 += 32) {
+    const int64_t n = ws.rows - i0 < 32 ? ws.rows - i0 : 32;
+    stage_rows([&](int64_t j) { return q_row(i0 + j); }, n, ws.d, as.staged.get());
+    const int64_t cols = ws.mpad - i0 < 32 ? ws.mpad - i0 : 32;
+    for (int64_t r = 0; r < ws.d / 2; ++r)
+      for (int64_t i = 0; i < cols; ++i) std::memcpy(qv + r * ws.mpad + i0 + i, as.staged.get() + i * ws.d + 2 * r, 4);
+  }
+}
+
+// Keys [k0, k0 + n) of a head into K rows [n rounded up to block_n][d] and V^T [d][ldv], the
+// padding zero.
+template <class KeyRows>
+void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block_n, int64_t d, AmxSpace& as,
+                   int64_t ldv) {
+  uint16_t* k = as.k->get();
+  uint16_t* vt = as.vt->get();
+  const int64_t padded = ceil_div(n, block_n) * block_n;
+  for (int64_t j = 0; j < padded; ++j) {
+    if (j < n) std::memcpy(k + j * d, key_rows(k0 + j).first, size_t(d) * 2);
+    else std::memset(k + j * d, 0, size_t(d) * 2);
+  }
+  const uint16_t* staged = as.staged.get();
+  for (int64_t j0 = 0; j0 < padded; j0 += 32) {
+    stage_rows([&](int64_t j) { return key_rows(k0 + j0 + j).second; }, n - j0, d, as.staged.get());
+    for (int64_t x = 0; x < d; ++x)
+      for (int64_t j = 0; j < 32; ++j) vt[x * ldv + j0 + j] = staged[j * d + x];
+  }
+}
+
+// A key tile of attend_tiles on the AMX kernels.
+struct AmxTile {
+  const AmxKernels* amx;
+  const uint16_t* k;   // the tile's first key row, d apart
+  const uint16_t* vt;  // its first V^T column, ldv apart
+  int64_t ldv;
+  const uint32_t* qv;
+  uint32_t* pv;
+  float mul;  // TileConfig::q_scale, which the float path folds into its Q^T
+  void scores(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
+    amx->scores(k, ws.d, nk, qv + i0, ws.d, rows, ws.mpad, mul, ws.st.get() + i0);
+  }
+  void accumulate(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
+    amx->accumulate(vt, ldv, nk, ws.st.get() + i0, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0, pv);
+  }
+};
+
+// Holds the tile configuration for a scope and releases the tiles however it ends.
+class AmxScope {
+ public:
+  explicit AmxScope(const AmxKernels& amx) : amx_(amx) { amx_.begin(); }
+  ~AmxScope() { amx_.end(); }
+  AmxScope(const AmxScope&) = delete;
+  AmxScope& operator=(const AmxScope&) = delete;
+
+ private:
+  const AmxKernels& amx_;
+};
+
+// One query tile (its state already reset in ws) against keys [0, sk) of head (b, hk), whose rows
+// key_rows(key) gives: packs Q, packs the head's K and V^T unless `as` holds them, and streams the
+// key tiles `tr` asks for. Heads whose K and V^T would pass max_pack_bytes are packed per key tile.
+template <class QRow, class KeyRows>
+void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const TileKernels<float>& kern,
+                const TileConfig<float>& cfg, const core::TileRange& tr, const QRow& q_row, const KeyRows& key_rows,
+                int64_t sk, int64_t b, int64_t hk, int64_t max_pack_bytes) {
+  const int64_t d = ws.d, bn = ws.block_n;
+  pack_amx_queries(ws, q_row, as);
+  const AmxScope scope(amx);
+  AmxTile tile{&amx, nullptr, nullptr, 0, as.qv.get(), as.pv.get(), cfg.q_scale};
+  const int64_t padded = ceil_div(sk, bn) * bn, head_ldv = packed_stride(padded, 2);
+  if ((padded + head_ldv) * d * 2 <= max_pack_bytes) {
+    as.reserve(head_ldv * d);
+    if (as.b != b || as.hk != hk) {
+      pack_amx_keys(key_rows, 0, sk, bn, d, as, head_ldv);
+      as.b = b;
+      as.hk = hk;
+    }
+    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t) {
+      tile.k = as.k->get() + k0 * d;
+      tile.vt = as.vt->get() + k0;
+      tile.ldv = head_ldv;
+      return tile;
+    });
+  } else {
+    const int64_t tile_ldv = packed_stride(bn, 2);
+    as.reserve(tile_ldv * d);
+    as.b = -1;  // the buffers no longer hold a whole head
+    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t nk) {
+      pack_amx_keys(key_rows, k0, nk, bn, d, as, tile_ldv);
+      tile.k = as.k->get();
+      tile.vt = as.vt->get();
+      tile.ldv = tile_ldv;
+      return tile;
+    });
+  }
+}
+
+}  // namespace flashattn::cpu
