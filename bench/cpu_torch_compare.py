@@ -8,9 +8,11 @@ Rounds alternate ours and PyTorch's, each timing one call after one untimed call
 the medians and PyTorch's time over ours (above 1: ours is faster). --threads sets PyTorch's thread
 count; ours runs on every core (the package's default), so compare at --threads = the core count. GFLOP/s counts
 4·b·h·s²·d for the forward, half when causal, and 3.5 times that for forward + backward (the
-backward's 2.5). fp32, layouts as each library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d].
+backward's 2.5). fp32 unless --dtype says bf16 (on a CPU with AMX both libraries then run their
+bf16 tile kernels); layouts as each library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d].
 
   python3 bench/cpu_torch_compare.py --threads 2
+  python3 bench/cpu_torch_compare.py --threads 2 --dtype bf16 --decode ""
   FLASHATTN_CPU_KERNEL=avx2 python3 bench/cpu_torch_compare.py   # our engine capped at AVX2
 """
 import argparse
@@ -34,6 +36,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--no-backward", action="store_true", help="time the forward alone")
     ap.add_argument("--shapes", default="1,16,2048,128,0;1,16,2048,128,1;1,16,2048,64,1;4,8,1024,64,0",
                     help="b,h,s,d,causal;...")
     ap.add_argument("--decode", default="1,8192;8,4096;1,32768",
@@ -42,31 +46,34 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} threads, flashattn {flashattn.__version__} "
-          f"({flashattn.build_info()['cpu_kernel']} kernels), fp32, medians of {args.rounds} rounds")
+          f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
     for shape in args.shapes.split(";"):
         b, h, s, d, causal = (int(x) for x in shape.split(","))
         causal = bool(causal)
-        q, k, v = (torch.randn(b, s, h, d, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(b, s, h, d, dtype=dtype, requires_grad=True) for _ in range(3))
         qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-        g = torch.randn(b, s, h, d)
+        g = torch.randn(b, s, h, d, dtype=dtype)
         gt = g.transpose(1, 2).contiguous()
         with torch.no_grad():
             ours_out = flashattn.flash_attn_func(q, k, v, causal=causal)
             ref_out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
-        diff = (ours_out - ref_out).abs().max().item()
+        diff = (ours_out.float() - ref_out.float()).abs().max().item()
         fwd = {"ours": [], "torch": []}
         both = {"ours": [], "torch": []}
         for _ in range(args.rounds):
             with torch.no_grad():
                 fwd["ours"].append(timed(lambda: flashattn.flash_attn_func(q, k, v, causal=causal)))
                 fwd["torch"].append(timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)))
+            if args.no_backward:
+                continue
             both["ours"].append(timed(lambda: torch.autograd.grad(
                 flashattn.flash_attn_func(q, k, v, causal=causal), (q, k, v), g)))
             both["torch"].append(timed(lambda: torch.autograd.grad(
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), (qt, kt, vt), gt)))
         f_o, f_t = statistics.median(fwd["ours"]), statistics.median(fwd["torch"])
-        b_o, b_t = statistics.median(both["ours"]), statistics.median(both["torch"])
+        b_o, b_t = (statistics.median(both[x]) if both[x] else float("nan") for x in ("ours", "torch"))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         print(f"{b:3d} {h:3d} {s:5d} {d:4d} {int(causal):6d} | {f_o * 1e3:8.1f} {f_t * 1e3:6.1f} {f_t / f_o:6.2f} | "
               f"{b_o * 1e3:12.1f} {b_t * 1e3:6.1f} {b_t / b_o:6.2f} | {flops / f_o / 1e9:.0f}, "

@@ -10,7 +10,8 @@
 //   K   as rows [keys][ldk] bf16: the A tile of S^T = K Q^T;
 //   V   as V^T [d][ldv] bf16: the A tile of O~^T = V^T P^T;
 //   P^T rounded to bf16 (nearest even) into PV [keys/2][mpad] words, pairs of consecutive keys:
-//       the B tile of O~^T. P's row sums l stay those of the fp32 P, as on the GPU.
+//       the B tile of O~^T, written by the softmax itself. P's row sums l stay those of the fp32
+//       P, as on the GPU.
 // K and V^T hold keys up to a multiple of 64, the padding zero, so a last partial key tile reads
 // finite values; P^T is zero past nk.
 //
@@ -29,11 +30,15 @@ struct AmxKernels {
   // K rows ldk elements apart; QV and ST rows mpad apart.
   void (*scores)(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int64_t d, int64_t rows,
                  int64_t mpad, float mul, float* st);
-  // OT[x][i] = f[i] * OT[x][i] + sum_{j < nk} V^T[x][j] bf16(PT[j][i]) for x < d, i < rows; V^T rows
-  // ldv apart (its columns readable up to nk rounded up to 32), PT and OT rows mpad apart. pv is
-  // scratch of (nk rounded up to 32) / 2 x mpad words.
-  void (*accumulate)(const uint16_t* vt, int64_t ldv, int64_t nk, const float* pt, int64_t rows, int64_t mpad,
-                     int64_t d, const float* f, float* ot, uint32_t* pv);
+  // The online-softmax step of TileKernels::softmax over ST (rows are lanes), with P~ going out as
+  // bf16 pairs of keys into PV [(nk rounded up to 32) / 2][mpad] words, zero past nk, instead of
+  // back into ST. Its exp2 is accurate to 1.3e-7 relative, not to the float kernels' fp32 ulp.
+  void (*softmax)(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
+                  uint32_t* pv);
+  // OT[x][i] = f[i] * OT[x][i] + sum_{j < nk} V^T[x][j] P~[j][i] for x < d, i < rows, P~ from PV;
+  // V^T rows ldv apart, its columns readable up to nk rounded up to 32; OT rows mpad apart.
+  void (*accumulate)(const uint16_t* vt, int64_t ldv, int64_t nk, const uint32_t* pv, int64_t rows, int64_t mpad,
+                     int64_t d, const float* f, float* ot);
   // dst[0, n) = src rounded to bf16 (nearest even; fp32 subnormals become 0); n a multiple of 16.
   void (*to_bf16)(const float* src, void* dst, int64_t n);
 };

@@ -39,11 +39,26 @@ struct AmxSpace {
   }
 };
 
+// Prefetches the cache lines of n rows of `bytes` bytes each, row(j) for j < n: the tensors' rows
+// lie a head stride apart (a page apart at typical shapes), where the hardware prefetchers do not
+// follow, so without this each line of a cold row is a separate wait.
+template <class Row>
+void prefetch_rows(const Row& row, int64_t n, int64_t bytes, bool for_write) {
+  for (int64_t j = 0; j < n; ++j) {
+    const char* r = static_cast<const char*>(row(j));
+    for (int64_t b = 0; b < bytes; b += 64) {
+      if (for_write) __builtin_prefetch(r + b, 1, 3);
+      else __builtin_prefetch(r + b, 0, 3);
+    }
+  }
+}
+
 // Copies `n` rows of d bf16 values (row(j) for j < n) into staged [32][d]; rows n..31 become zero.
-// Whole-row copies keep many loads of the (cold, scattered) tensor rows in flight; the
-// transpositions then read the copy from L1.
+// The rows are prefetched first, so their loads overlap; the transpositions then read the copy
+// from L1.
 template <class Row>
 void stage_rows(const Row& row, int64_t n, int64_t d, uint16_t* staged) {
+  prefetch_rows(row, n < 32 ? n : 32, d * 2, false);
   for (int64_t j = 0; j < 32; ++j) {
     if (j < n) std::memcpy(staged + j * d, row(j), size_t(d) * 2);
     else std::memset(staged + j * d, 0, size_t(d) * 2);
@@ -71,9 +86,13 @@ void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block
   uint16_t* k = as.k->get();
   uint16_t* vt = as.vt->get();
   const int64_t padded = ceil_div(n, block_n) * block_n;
-  for (int64_t j = 0; j < padded; ++j) {
-    if (j < n) std::memcpy(k + j * d, key_rows(k0 + j).first, size_t(d) * 2);
-    else std::memset(k + j * d, 0, size_t(d) * 2);
+  for (int64_t j0 = 0; j0 < padded; j0 += 32) {
+    const int64_t rows = n - j0 < 32 ? n - j0 : 32;
+    prefetch_rows([&](int64_t j) { return key_rows(k0 + j0 + j).first; }, rows, d * 2, false);
+    for (int64_t j = j0; j < j0 + 32; ++j) {
+      if (j < n) std::memcpy(k + j * d, key_rows(k0 + j).first, size_t(d) * 2);
+      else std::memset(k + j * d, 0, size_t(d) * 2);
+    }
   }
   const uint16_t* staged = as.staged.get();
   for (int64_t j0 = 0; j0 < padded; j0 += 32) {
@@ -95,8 +114,11 @@ struct AmxTile {
   void scores(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
     amx->scores(k, ws.d, nk, qv + i0, ws.d, rows, ws.mpad, mul, ws.st.get() + i0);
   }
+  void softmax(Workspace<float>& ws, const TileKernels<float>&, float c, int64_t nk, int64_t i0, int64_t rows) const {
+    amx->softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0, pv);
+  }
   void accumulate(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->accumulate(vt, ldv, nk, ws.st.get() + i0, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0, pv);
+    amx->accumulate(vt, ldv, nk, pv, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0);
   }
 };
 

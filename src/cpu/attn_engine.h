@@ -165,13 +165,17 @@ void load_keys(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, int64_
 }
 
 // A key tile for the float kernels: its K and V rows packed ws.ld apart. attend_tiles asks a tile
-// for its two products over query rows [i0, i0 + rows) of the workspace.
+// for its two products and the softmax between them, over query rows [i0, i0 + rows) of the
+// workspace.
 template <class T>
 struct PackedTile {
   const T* k;
   const T* v;
   void scores(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
     kern.scores(k, ws.ld, nk, ws.qt.get() + i0, ws.d, rows, ws.mpad, ws.st.get() + i0);
+  }
+  void softmax(Workspace<T>& ws, const TileKernels<T>& kern, T c, int64_t nk, int64_t i0, int64_t rows) const {
+    kern.softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0);
   }
   void accumulate(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
     kern.accumulate(v, ws.ld, nk, ws.st.get() + i0, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0);
@@ -188,15 +192,21 @@ auto packed_per_tile(Workspace<T>& ws, const TileKernels<T>& kern, DType dtype, 
   };
 }
 
-// Sets the scores of keys a row may not see to -inf (boundary tiles only), for rows [i0, i1).
+// Sets the scores of keys a row may not see to -inf (boundary tiles only), for rows [i0, i1) (real
+// rows, whose lo and hi are nondecreasing). For each key the rows that see it are one run [a, b):
+// those before have hi <= key, those from b on lo > key, and both bounds only move forward as the
+// key does, so the masked entries are two runs per key, found without a test per element.
 template <class T>
 void apply_mask(Workspace<T>& ws, int64_t k0, int64_t nk, int64_t i0, int64_t i1) {
   T* st = ws.st.get();
+  int64_t a = i0, b = i0;
   for (int64_t j = 0; j < nk; ++j) {
-    int64_t key = k0 + j;
+    const int64_t key = k0 + j;
+    while (a < i1 && ws.hi[a] <= key) ++a;
+    while (b < i1 && ws.lo[b] <= key) ++b;
     T* s = st + j * ws.mpad;
-    for (int64_t i = i0; i < i1; ++i)
-      if (key < ws.lo[i] || key >= ws.hi[i]) s[i] = core::neg_inf<T>();
+    for (int64_t i = i0; i < a; ++i) s[i] = core::neg_inf<T>();
+    for (int64_t i = b > a ? b : a; i < i1; ++i) s[i] = core::neg_inf<T>();
   }
 }
 
@@ -239,7 +249,7 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
     if (cfg.softcap != T(0))
       for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
-    kern.softmax(st, nk, rows, mpad, cfg.exp2_scale, ws.m + i0, ws.l + i0, ws.f + i0);
+    tile.softmax(ws, kern, cfg.exp2_scale, nk, i0, rows);
     tile.accumulate(ws, kern, nk, i0, rows);
   }
 }

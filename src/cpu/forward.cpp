@@ -128,6 +128,7 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
           auto& aslot = amx_spaces[size_t(worker)];
           if (!aslot) aslot = std::make_unique<AmxSpace>(d, bm, bn);
           reset_tile(ws, kern.row_align, cfg, r1 - r0, pos);
+          prefetch_rows(out_row, r1 - r0, d * esize, true);  // written at the end of the tile
           attend_amx(ws, *aslot, *amx, kern, cfg, tr, q_row, key_rows, s.sk, task.b, hk, kMaxPackBytes);
           // Row i gathered from its O~^T column, divided by l, and rounded to bf16 16 values at a time.
           float* row = ws.kt.get();

@@ -8,11 +8,18 @@
 // with `if constexpr` rather than indexed.
 #if defined(__x86_64__)
 
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
+// reports as "may be used uninitialized" (GCC bug 105593); the values are fully overwritten.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <immintrin.h>
 
 #include <cstdint>
 
 #include "cpu/amx.h"
+#include "cpu/simd.h"  // kMaxTileRows
 
 namespace flashattn::cpu {
 namespace {
@@ -80,29 +87,79 @@ void scores(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int6
     for (int64_t i = 0; i < rows; i += 16) _mm512_storeu_ps(st + j * mpad + i, _mm512_mul_ps(m, _mm512_loadu_ps(st + j * mpad + i)));
 }
 
-// ---- O~^T = f O~^T + V^T P^T -------------------------------------------------------------------
-// P^T [nk][rows] fp32 -> PV [nk/2][rows] words (bf16 pairs of keys 2r and 2r + 1), zero from key nk
-// up to a multiple of 32.
-void pack_p(const float* pt, int64_t nk, int64_t rows, int64_t mpad, uint32_t* pv) {
+// ---- online softmax, P^T to bf16 pairs -----------------------------------------------------------
+// 2^x for the softmax's exponents (x <= 0 up to rounding): x = n + r, |r| <= 1/2, 2^r by its Taylor
+// series to degree 6 (truncation below 1.3e-7 relative, far under the bf16 rounding P gets next),
+// times 2^n by vscalefps. x is clamped at -200, where 2^n underflows to exactly 0, so masked
+// scores (-inf) weigh exactly 0; NaN stays NaN (vmaxps returns its second operand then).
+__m512 exp2_bf16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-200.f), x);
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381608e-04f);  // (ln 2)^6 / 6!
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618129107628477e-03f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550410866482158e-02f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402265069591007e-01f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471805599453e-01f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The update of core::SoftmaxState for the rows of a score tile (rows are the vector lanes, as in
+// kernel_impl.h's softmax): new max, rescale factor f, l = f * l + rowsum(P~); P~ goes out not to
+// ST but rounded to bf16 into PV [keys/2][mpad] words, pairs of keys 2r and 2r + 1, zero from key
+// nk up to a multiple of 32: the B operand of O~^T += V^T P~^T, written in the same pass.
+void softmax(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
+             uint32_t* pv) {
   // cvtne2ps gives key 2r's 16 values in the low half and key 2r + 1's in the high half; the
   // permutation interleaves them into pairs.
   alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
                                                             21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
                                                             11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i idx = _mm512_load_si512(kInterleave);
+  const __m512 cv = _mm512_set1_ps(c), neg_inf = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t i = 0; i < rows; i += 16) _mm512_storeu_ps(f + i, _mm512_loadu_ps(m + i));
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t i = 0; i < rows; i += 16)
+      _mm512_storeu_ps(f + i, _mm512_max_ps(_mm512_loadu_ps(st + j * mpad + i), _mm512_loadu_ps(f + i)));
+  alignas(64) float base[kMaxTileRows];
+  alignas(64) float sum[kMaxTileRows];
+  for (int64_t i = 0; i < rows; i += 16) {
+    const __m512 m_new = _mm512_loadu_ps(f + i);
+    // core::exponent_base: 0 while the row has seen only -inf.
+    const __m512 b = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), m_new, _mm512_setzero_ps());
+    _mm512_storeu_ps(f + i, exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(m + i), b), cv)));
+    _mm512_store_ps(base + i, b);
+    _mm512_storeu_ps(m + i, m_new);
+    _mm512_store_ps(sum + i, _mm512_setzero_ps());
+  }
   const int64_t pairs = (nk + 31) / 32 * 16;
   for (int64_t r = 0; r < pairs; ++r) {
-    const float* even = pt + 2 * r * mpad;
+    const float* even = st + 2 * r * mpad;
     const float* odd = even + mpad;
     for (int64_t i = 0; i < rows; i += 16) {
-      const __m512 lo = 2 * r < nk ? _mm512_loadu_ps(even + i) : _mm512_setzero_ps();
-      const __m512 hi = 2 * r + 1 < nk ? _mm512_loadu_ps(odd + i) : _mm512_setzero_ps();
+      const __m512 b = _mm512_load_ps(base + i);
+      __m512 s = _mm512_load_ps(sum + i);
+      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+      if (2 * r < nk) {
+        lo = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(even + i), b), cv));
+        s = _mm512_add_ps(s, lo);
+      }
+      if (2 * r + 1 < nk) {
+        hi = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(odd + i), b), cv));
+        s = _mm512_add_ps(s, hi);
+      }
+      _mm512_store_ps(sum + i, s);
       const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
       _mm512_storeu_si512(pv + r * mpad + i, _mm512_permutexvar_epi16(idx, both));
     }
   }
+  for (int64_t i = 0; i < rows; i += 16)
+    _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), _mm512_loadu_ps(f + i), _mm512_load_ps(sum + i)));
 }
 
+// ---- O~^T = f O~^T + V^T P~^T ------------------------------------------------------------------
 // OT *= f, row group by row group; a group of 16 rows whose maxima all stayed put (f = 1 exactly:
 // exp2 of 0) is left alone, which is most of them once a row has seen a few tiles.
 void rescale(const float* f, int64_t rows, int64_t mpad, int64_t d, float* ot) {
@@ -138,9 +195,8 @@ void accumulate_block(const uint16_t* vt, int64_t ldv, int64_t keys, const uint3
   if constexpr (RB == 2) _tile_stored(3, ot + 16 * mpad + 16, o_stride);
 }
 
-void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const float* pt, int64_t rows, int64_t mpad, int64_t d,
-                const float* f, float* ot, uint32_t* pv) {
-  pack_p(pt, nk, rows, mpad, pv);
+void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const uint32_t* pv, int64_t rows, int64_t mpad,
+                int64_t d, const float* f, float* ot) {
   rescale(f, rows, mpad, d, ot);
   const int64_t keys = (nk + 31) / 32 * 32;
   for (int64_t x = 0; x < d; x += 32)
@@ -159,7 +215,7 @@ void to_bf16(const float* src, void* dst, int64_t n) {
 }  // namespace
 
 const AmxKernels& amx_kernels() {
-  static const AmxKernels k{&begin, &end, &scores, &accumulate, &to_bf16};
+  static const AmxKernels k{&begin, &end, &scores, &softmax, &accumulate, &to_bf16};
   return k;
 }
 
