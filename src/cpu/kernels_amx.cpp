@@ -19,7 +19,6 @@
 #include <cstdint>
 
 #include "cpu/amx.h"
-#include "cpu/simd.h"  // kMaxTileRows
 
 namespace flashattn::cpu {
 namespace {
@@ -119,44 +118,30 @@ void softmax(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, f
                                                             11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i idx = _mm512_load_si512(kInterleave);
   const __m512 cv = _mm512_set1_ps(c), neg_inf = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t i = 0; i < rows; i += 16) _mm512_storeu_ps(f + i, _mm512_loadu_ps(m + i));
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t i = 0; i < rows; i += 16)
-      _mm512_storeu_ps(f + i, _mm512_max_ps(_mm512_loadu_ps(st + j * mpad + i), _mm512_loadu_ps(f + i)));
-  alignas(64) float base[kMaxTileRows];
-  alignas(64) float sum[kMaxTileRows];
+  const int64_t pairs = (nk + 31) / 32 * 16;
+  // 16 rows at a time, their max and sums in registers through the whole tile (a running value
+  // kept in memory would chain every key's update through a store and a load).
   for (int64_t i = 0; i < rows; i += 16) {
-    const __m512 m_new = _mm512_loadu_ps(f + i);
+    const __m512 m_old = _mm512_loadu_ps(m + i);
+    __m512 m_new = m_old;
+    for (int64_t j = 0; j < nk; ++j) m_new = _mm512_max_ps(_mm512_loadu_ps(st + j * mpad + i), m_new);
     // core::exponent_base: 0 while the row has seen only -inf.
     const __m512 b = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), m_new, _mm512_setzero_ps());
-    _mm512_storeu_ps(f + i, exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(m + i), b), cv)));
-    _mm512_store_ps(base + i, b);
-    _mm512_storeu_ps(m + i, m_new);
-    _mm512_store_ps(sum + i, _mm512_setzero_ps());
-  }
-  const int64_t pairs = (nk + 31) / 32 * 16;
-  for (int64_t r = 0; r < pairs; ++r) {
-    const float* even = st + 2 * r * mpad;
-    const float* odd = even + mpad;
-    for (int64_t i = 0; i < rows; i += 16) {
-      const __m512 b = _mm512_load_ps(base + i);
-      __m512 s = _mm512_load_ps(sum + i);
+    const __m512 factor = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(m_old, b), cv));
+    __m512 sum_even = _mm512_setzero_ps(), sum_odd = _mm512_setzero_ps();
+    for (int64_t r = 0; r < pairs; ++r) {
       __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-      if (2 * r < nk) {
-        lo = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(even + i), b), cv));
-        s = _mm512_add_ps(s, lo);
-      }
-      if (2 * r + 1 < nk) {
-        hi = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(odd + i), b), cv));
-        s = _mm512_add_ps(s, hi);
-      }
-      _mm512_store_ps(sum + i, s);
+      if (2 * r < nk) lo = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + 2 * r * mpad + i), b), cv));
+      if (2 * r + 1 < nk) hi = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * r + 1) * mpad + i), b), cv));
+      sum_even = _mm512_add_ps(sum_even, lo);
+      sum_odd = _mm512_add_ps(sum_odd, hi);
       const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
       _mm512_storeu_si512(pv + r * mpad + i, _mm512_permutexvar_epi16(idx, both));
     }
+    _mm512_storeu_ps(m + i, m_new);
+    _mm512_storeu_ps(f + i, factor);
+    _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), factor, _mm512_add_ps(sum_even, sum_odd)));
   }
-  for (int64_t i = 0; i < rows; i += 16)
-    _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), _mm512_loadu_ps(f + i), _mm512_load_ps(sum + i)));
 }
 
 // ---- O~^T = f O~^T + V^T P~^T ------------------------------------------------------------------
