@@ -32,7 +32,8 @@ struct AmxKernels {
                  int64_t mpad, float mul, float* st);
   // The online-softmax step of TileKernels::softmax over ST (rows are lanes), with P~ going out as
   // bf16 pairs of keys into PV [(nk rounded up to 32) / 2][mpad] words, zero past nk, instead of
-  // back into ST. Its exp2 is accurate to 1.3e-7 relative, not to the float kernels' fp32 ulp.
+  // back into ST. Its exp2 is accurate to 2.9e-6 relative (P goes on in bf16), not to the float
+  // kernels' fp32 ulp.
   void (*softmax)(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
                   uint32_t* pv);
   // OT[x][i] = f[i] * OT[x][i] + sum_{j < nk} V^T[x][j] P~[j][i] for x < d, i < rows, P~ from PV;
