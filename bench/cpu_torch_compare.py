@@ -38,6 +38,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--no-backward", action="store_true", help="time the forward alone")
+    ap.add_argument("--our-layout", choices=["bshd", "bhsd"], default="bshd",
+                    help="memory order of our inputs: FlashAttention's [b, s, h, d] (default), or PyTorch's "
+                         "[b, h, s, d] tensors passed as strided [b, s, h, d] views")
     ap.add_argument("--shapes", default="1,16,2048,128,0;1,16,2048,128,1;1,16,2048,64,1;4,8,1024,64,0",
                     help="b,h,s,d,causal;...")
     ap.add_argument("--decode", default="1,8192;8,4096;1,32768",
@@ -46,7 +49,8 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} threads, flashattn {flashattn.__version__} "
-          f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds")
+          f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds, "
+          f"ours on {args.our_layout}")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
     for shape in args.shapes.split(";"):
@@ -54,6 +58,8 @@ def main():
         causal = bool(causal)
         q, k, v = (torch.randn(b, s, h, d, dtype=dtype, requires_grad=True) for _ in range(3))
         qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+        if args.our_layout == "bhsd":
+            q, k, v = (x.detach().transpose(1, 2).requires_grad_() for x in (qt, kt, vt))
         g = torch.randn(b, s, h, d, dtype=dtype)
         gt = g.transpose(1, 2).contiguous()
         with torch.no_grad():
