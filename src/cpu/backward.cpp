@@ -40,9 +40,17 @@ namespace {
 // The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
 // FLASHATTN_CPU_KERNEL). The AVX-512 build needs tiles of whole 16-float vectors, so head dims
 // that are not a multiple of 16 (8 for double) take the AVX2 build there.
+// bf16 problems at head dims that are multiples of 32 take the AMX products where the level is amx
+// (the tiles' sizes, tile_for below, always are multiples of 32).
+bool amx_products(int64_t head_dim, DType dtype) {
+  return dtype == DType::bf16 && head_dim % 32 == 0 && active_level() == KernelLevel::amx;
+}
+
 template <class Acc>
-bwd::TileOps<Acc> tile_ops(int64_t head_dim) {
+bwd::TileOps<Acc> tile_ops(int64_t head_dim, DType dtype) {
 #if defined(__x86_64__)
+  if constexpr (std::is_same_v<Acc, float>)
+    if (amx_products(head_dim, dtype)) return bwd::amx_ops_f32();
   if (active_level() >= KernelLevel::avx512 && head_dim % (64 / int64_t(sizeof(Acc))) == 0) {
     if constexpr (std::is_same_v<Acc, float>) return bwd::avx512_ops_f32();
     else return bwd::avx512_ops_f64();
@@ -108,19 +116,21 @@ struct Scratch {
   std::vector<double> acc_k, acc_v, acc_q;
   std::vector<Acc> lse, delta;
   std::vector<int64_t> lo, hi;
+  std::vector<uint16_t> pack;  // the AMX products' operands (bwd::TileStep::pack), when they run
 
-  Scratch(int64_t tile, int64_t d)
+  Scratch(int64_t tile, int64_t d, bool amx)
       : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
         p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
         k_rows(size_t(tile * d)), acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
-        delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)) {}
+        delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)),
+        pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0) {}
 };
 
 template <class T, class Acc>
 class Backward {
  public:
   explicit Backward(const core::BackwardParams& p)
-      : p_(p), ops_(tile_ops<Acc>(p.head_dim)), tile_(tile_for(p)), d_(p.head_dim),
+      : p_(p), ops_(tile_ops<Acc>(p.head_dim, p.dtype)), tile_(tile_for(p)), d_(p.head_dim),
         lse_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
     int64_t longest_q = 0;
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -150,7 +160,8 @@ class Backward {
     one_pass_ = (workers == 1 || pairs >= 4 * workers) && dq_bytes <= kMaxDqBytes;
     const int64_t most =
         one_pass_ ? int64_t(pair_tasks_.size()) : std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
-    scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_));
+    const bool amx = std::is_same_v<Acc, float> && amx_products(d_, p.dtype);
+    scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_, amx));
     step_.bm = step_.bn = tile_;
     step_.d = d_;
     step_.score_mul = p.softcap > 0.f ? Acc(p.scale) / Acc(p.softcap) : Acc(p.scale);
@@ -204,6 +215,7 @@ class Backward {
     st.p = w.p.data();
     st.dp = w.dp.data();
     st.deriv = w.deriv.data();
+    st.pack = w.pack.data();
     return st;
   }
 

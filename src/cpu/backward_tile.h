@@ -39,6 +39,7 @@ struct TileStep {
   T* p = nullptr;      // scratch, bm x bn in the step's layout: S, then P, then dS
   T* dp = nullptr;     // scratch: dP
   T* deriv = nullptr;  // scratch: 1 - tanh^2 (softcap only)
+  uint16_t* pack = nullptr;  // scratch of the AMX products: 2 x tile x max(d, tile) bf16 values
   // Gradient accumulators, unscaled (the caller multiplies by the softmax scale). Double even for
   // float math: each step adds one tile's float sums, so the rounding of a gradient stays that of
   // one tile's sum instead of growing with the sequence length.
@@ -60,5 +61,9 @@ TileOps<float> avx2_ops_f32();
 TileOps<double> avx2_ops_f64();
 TileOps<float> avx512_ops_f32();
 TileOps<double> avx512_ops_f64();
+// bf16 problems on AMX (backward_amx.cpp): the products of bf16 operands on AMX tiles with fp32
+// results; Q, K, V and dO are bf16 values already, P and dS are rounded to bf16 (nearest even) for
+// the products that take them, as on the GPU. d, bm and bn multiples of 32.
+TileOps<float> amx_ops_f32();
 
 }  // namespace flashattn::cpu::bwd

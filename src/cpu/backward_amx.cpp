@@ -1,0 +1,173 @@
+// The backward tile arithmetic of bf16 problems on AMX tiles (the build gives *_amx.cpp files the
+// AVX-512, AVX512-BF16 and AMX flags); backward.cpp calls it only when the engine's level is amx,
+// the problem is bf16 and the head dim a multiple of 32. The step is backward_tile_impl.h's, with
+// its five products as tile products: each operand is converted to bf16 into the step's pack
+// scratch (exact for Q, K, V and dO, which are bf16 values widened; P and dS are rounded), in the
+// forms the tiles want: A row-major [m][k], B as VNNI words [k/2][n] (the bf16 pair of rows 2r and
+// 2r + 1 of each column in one 32-bit word). The fp32 results are then written, or added, into the
+// step's float tiles and double accumulators exactly as the SIMD products do.
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
+// reports as "may be used uninitialized" (GCC bug 105593); the values are fully overwritten.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include "cpu/amx.h"
+#include "cpu/backward_tile_impl.h"
+
+namespace flashattn::cpu::bwd {
+namespace {
+
+// Two rows of 16 floats -> 16 words, each the bf16 pair (even[c], odd[c]).
+inline __m512i pair_words(__m512 even, __m512 odd) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                            21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+}
+
+// r[0..16) <- their transpose (16 x 16 32-bit words), in three rounds: pairs of rows interleaved
+// by 32-bit words, then by 64-bit words (r[4k + s] then holds in 128-bit lane L column 4L + s of
+// rows 4k..4k+3), then the 128-bit lanes regrouped so that register c gathers column c's four
+// lanes.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int s = 0; s < 4; ++s) {  // lanes (0, 2 | 1, 3) of rows 0-7 and of rows 8-15
+    t[s] = _mm512_shuffle_i32x4(r[s], r[s + 4], 0x88);
+    t[s + 4] = _mm512_shuffle_i32x4(r[s], r[s + 4], 0xdd);
+    t[s + 8] = _mm512_shuffle_i32x4(r[s + 8], r[s + 12], 0x88);
+    t[s + 12] = _mm512_shuffle_i32x4(r[s + 8], r[s + 12], 0xdd);
+  }
+  for (int s = 0; s < 4; ++s) {  // columns s, 4 + s, 8 + s, 12 + s
+    r[s] = _mm512_shuffle_i32x4(t[s], t[s + 8], 0x88);
+    r[s + 8] = _mm512_shuffle_i32x4(t[s], t[s + 8], 0xdd);
+    r[s + 4] = _mm512_shuffle_i32x4(t[s + 4], t[s + 12], 0x88);
+    r[s + 12] = _mm512_shuffle_i32x4(t[s + 4], t[s + 12], 0xdd);
+  }
+}
+
+// op(A) [m][k] as bf16 rows: A row-major [m][k], or (TransA) stored [k][m]. The transposed case
+// pairs rows 2r, 2r + 1 of the stored matrix into words (a word holds A[i][2r], A[i][2r + 1]) and
+// transposes 16 x 16 blocks of words, so each output row gets its values in order.
+template <bool TransA>
+void pack_a(const float* a, int64_t m, int64_t k, uint16_t* out) {
+  if constexpr (!TransA) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t x = 0; x < k; x += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * k + x),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + i * k + x)));
+  } else {
+    auto* words = reinterpret_cast<uint32_t*>(out);  // [m][k/2]
+    const int64_t pairs = k / 2;
+    __m512i r[16];
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16)
+      for (int64_t i0 = 0; i0 < m; i0 += 16) {
+        for (int q = 0; q < 16; ++q) {
+          const float* even = a + 2 * (p0 + q) * m + i0;
+          r[q] = pair_words(_mm512_loadu_ps(even), _mm512_loadu_ps(even + m));
+        }
+        transpose16(r);
+        for (int q = 0; q < 16; ++q) _mm512_storeu_si512(words + (i0 + q) * pairs + p0, r[q]);
+      }
+  }
+}
+
+// B [k][n] row-major -> VNNI words [k/2][n].
+void pack_b(const float* b, int64_t k, int64_t n, uint32_t* out) {
+  for (int64_t r = 0; r < k / 2; ++r)
+    for (int64_t c = 0; c < n; c += 16)
+      _mm512_storeu_si512(out + r * n + c, pair_words(_mm512_loadu_ps(b + 2 * r * n + c), _mm512_loadu_ps(b + (2 * r + 1) * n + c)));
+}
+
+// C[32][32] block (i, j) of a product: tiles 0-3 the four 16 x 16 results, 4-5 A, 6-7 B.
+void block_product(const uint16_t* ab, const uint32_t* bv, int64_t k, int64_t n, int64_t i, int64_t j, float* out) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t a_stride = k * 2, b_stride = n * 4;
+  for (int64_t x = 0; x < k; x += 32) {
+    _tile_loadd(4, ab + i * k + x, a_stride);
+    _tile_loadd(5, ab + (i + 16) * k + x, a_stride);
+    _tile_loadd(6, bv + (x / 2) * n + j, b_stride);
+    _tile_loadd(7, bv + (x / 2) * n + j + 16, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 128);
+  _tile_stored(1, out + 16, 128);
+  _tile_stored(2, out + 16 * 32, 128);
+  _tile_stored(3, out + 16 * 32 + 16, 128);
+}
+
+struct AmxGemm {
+  // C[m][n] (+)= op(A)[m][k] B[k][n], as SimdGemm's; m, n, k multiples of 32.
+  template <bool TransA, class C>
+  static void run(const TileStep<float>& st, const float* a, const float* b, C* c, int64_t m, int64_t n, int64_t k,
+                  bool accumulate) {
+    uint16_t* ab = st.pack;
+    auto* bv = reinterpret_cast<uint32_t*>(st.pack + m * k);
+    pack_a<TransA>(a, m, k, ab);
+    pack_b(b, k, n, bv);
+    alignas(64) float block[32 * 32];
+    for (int64_t i = 0; i < m; i += 32)
+      for (int64_t j = 0; j < n; j += 32) {
+        block_product(ab, bv, k, n, i, j, block);
+        for (int64_t r = 0; r < 32; ++r) {
+          C* row = c + (i + r) * n + j;
+          const float* src = block + r * 32;
+          for (int64_t v = 0; v < 32; v += 16) {
+            const __m512 x = _mm512_load_ps(src + v);
+            if constexpr (std::is_same_v<C, float>) {
+              _mm512_storeu_ps(row + v, accumulate ? _mm512_add_ps(_mm512_loadu_ps(row + v), x) : x);
+            } else {
+              __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+              __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+              if (accumulate) {
+                lo = _mm512_add_pd(_mm512_loadu_pd(row + v), lo);
+                hi = _mm512_add_pd(_mm512_loadu_pd(row + v + 8), hi);
+              }
+              _mm512_storeu_pd(row + v, lo);
+              _mm512_storeu_pd(row + v + 8, hi);
+            }
+          }
+        }
+      }
+  }
+};
+
+// A step between loading the tile configuration and releasing the tiles.
+template <void (*Step)(const TileStep<float>&)>
+void on_tiles(const TileStep<float>& st) {
+  const AmxKernels& amx = amx_kernels();
+  amx.begin();
+  Step(st);
+  amx.end();
+}
+
+}  // namespace
+
+TileOps<float> amx_ops_f32() {
+  return TileOps<float>{&on_tiles<&dkdv_step<float, 16, AmxGemm>>, &on_tiles<&dq_step<float, 16, AmxGemm>>,
+                        &on_tiles<&fused_step<float, 16, AmxGemm>>};
+}
+
+}  // namespace flashattn::cpu::bwd
+
+#endif  // __x86_64__
