@@ -9,6 +9,7 @@
 
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cpu/simd.h"
 
 namespace flashattn::cpu {
 
@@ -32,10 +33,22 @@ inline T store_as(Acc x) {
 
 // Rows [tok0, tok0 + rows) of head h of a token-major tensor into dst[tile_rows][d] (row-major);
 // rows past `rows` are zero, so a partial tile behaves like a full one whose extra rows are masked.
+// 16-bit rows are widened by the float kernels' vector conversion where the head dim allows (the
+// backward loads a query tile per step, and element by element that took a third of a bf16
+// backward on AMX).
 template <class T, class Acc>
 void load_tile(Acc* dst, int64_t tile_rows, const void* src, const core::Strides& s, int64_t b, int64_t tok0,
                int64_t rows, int64_t h, int64_t d) {
   const T* base = static_cast<const T*>(src);
+  if constexpr (std::is_same_v<Acc, float> && (std::is_same_v<T, core::half_t> || std::is_same_v<T, core::bfloat16_t>)) {
+    if (d % 8 == 0) {
+      const TileKernels<float>& kern = float_kernels();
+      const DType t = std::is_same_v<T, core::half_t> ? DType::f16 : DType::bf16;
+      for (int64_t i = 0; i < rows; ++i) kern.widen(base + s.offset(b, tok0 + i, h), t, dst + i * d, d);
+      std::fill(dst + rows * d, dst + tile_rows * d, Acc(0));
+      return;
+    }
+  }
   for (int64_t i = 0; i < rows; ++i) {
     const T* row = base + s.offset(b, tok0 + i, h);
     for (int64_t x = 0; x < d; ++x) dst[i * d + x] = load_acc<Acc>(row + x);
