@@ -257,20 +257,39 @@ INSTANTIATE_TEST_SUITE_P(Cpu, BackwardOptions, ::testing::ValuesIn(option_cases(
 TEST(BackwardLevels, EveryLevelMatchesReference) {
   using flashattn::cpu::KernelLevel;
   const KernelLevel top = flashattn::cpu::detected_level();
-  for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512}) {
+  for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512, KernelLevel::amx}) {
     if (int(level) > int(top)) break;
     setenv("FLASHATTN_CPU_KERNEL", flashattn::cpu::level_name(level), 1);
-    for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
-      SCOPED_TRACE(std::string(flashattn::cpu::level_name(level)) + " " + flashattn::dtype_name(dtype));
-      Case c = make("levels", dtype);
-      c.cu_q = {0, 70, 70, 171};
-      c.cu_k = {0, 65, 130, 200};
-      c.causal = true, c.softcap = 3.f, c.d = 40;  // d = 40: a half-width register block too
-      Problem pr(c);
-      expect_matches_reference(pr, dtype);
-    }
+    for (DType dtype : {DType::f32, DType::bf16, DType::f64})
+      for (int64_t d : {40, 64}) {  // d = 40: a half-width register block; d = 64: the AMX products
+        SCOPED_TRACE(std::string(flashattn::cpu::level_name(level)) + " " + flashattn::dtype_name(dtype) + " d" +
+                     std::to_string(d));
+        Case c = make("levels", dtype);
+        c.cu_q = {0, 70, 70, 171};
+        c.cu_k = {0, 65, 130, 200};
+        c.causal = true, c.softcap = 3.f, c.d = d;
+        Problem pr(c);
+        expect_matches_reference(pr, dtype);
+      }
   }
   unsetenv("FLASHATTN_CPU_KERNEL");
+}
+
+// The bf16 products on AMX tiles (backward_amx.cpp) at every head dim they take, on tiles of 32
+// to 128 (the longest sequence rounded up to 32), through both schedules: one worker runs the
+// one-pass tasks, several the two passes.
+TEST(BackwardLevels, AmxProductsAtEveryHeadDim) {
+  if (flashattn::cpu::detected_level() != flashattn::cpu::KernelLevel::amx)
+    GTEST_SKIP() << "this CPU (or OS) offers no AMX-BF16";
+  for (int64_t d : {32, 96, 128, 192})
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("d" + std::to_string(d) + " threads " + std::to_string(threads));
+      Case c = make("amx", DType::bf16);
+      c.d = d, c.threads = threads, c.causal = d % 64 == 0, c.softcap = d == 96 ? 4.f : 0.f;
+      c.sq = d == 192 ? 30 : 150, c.sk = d == 192 ? 41 : 270;
+      Problem pr(c);
+      expect_matches_reference(pr, DType::bf16);
+    }
 }
 
 // ---- semantics of rows and keys that see nothing ------------------------------------------------
