@@ -37,31 +37,38 @@
 namespace flashattn::cpu {
 namespace {
 
-// The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
-// FLASHATTN_CPU_KERNEL). The AVX-512 build needs tiles of whole 16-float vectors, so head dims
-// that are not a multiple of 16 (8 for double) take the AVX2 build there.
 // bf16 problems at head dims that are multiples of 32 take the AMX products where the level is amx
-// (the tiles' sizes, tile_for below, always are multiples of 32).
+// (the tiles' sizes, tile_for below, always are multiples of 32), with fp32 gradient accumulators.
 bool amx_products(int64_t head_dim, DType dtype) {
   return dtype == DType::bf16 && head_dim % 32 == 0 && active_level() == KernelLevel::amx;
 }
 
-template <class Acc>
-bwd::TileOps<Acc> tile_ops(int64_t head_dim, DType dtype) {
+// The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
+// FLASHATTN_CPU_KERNEL), or the AMX products when G is float (the caller checked amx_products).
+// The AVX-512 build needs tiles of whole 16-float vectors, so head dims that are not a multiple of
+// 16 (8 for double) take the AVX2 build there.
+template <class Acc, class G>
+bwd::TileOps<Acc, G> tile_ops(int64_t head_dim) {
+  if constexpr (std::is_same_v<G, float>) {
 #if defined(__x86_64__)
-  if constexpr (std::is_same_v<Acc, float>)
-    if (amx_products(head_dim, dtype)) return bwd::amx_ops_f32();
-  if (active_level() >= KernelLevel::avx512 && head_dim % (64 / int64_t(sizeof(Acc))) == 0) {
-    if constexpr (std::is_same_v<Acc, float>) return bwd::avx512_ops_f32();
-    else return bwd::avx512_ops_f64();
-  }
-  if (active_level() >= KernelLevel::avx2) {
-    if constexpr (std::is_same_v<Acc, float>) return bwd::avx2_ops_f32();
-    else return bwd::avx2_ops_f64();
-  }
+    return bwd::amx_ops_f32();
+#else
+    throw Error(Status::internal, "backward: the AMX products exist on x86-64 builds only");
 #endif
-  if constexpr (std::is_same_v<Acc, float>) return bwd::portable_ops_f32();
-  else return bwd::portable_ops_f64();
+  } else {
+#if defined(__x86_64__)
+    if (active_level() >= KernelLevel::avx512 && head_dim % (64 / int64_t(sizeof(Acc))) == 0) {
+      if constexpr (std::is_same_v<Acc, float>) return bwd::avx512_ops_f32();
+      else return bwd::avx512_ops_f64();
+    }
+    if (active_level() >= KernelLevel::avx2) {
+      if constexpr (std::is_same_v<Acc, float>) return bwd::avx2_ops_f32();
+      else return bwd::avx2_ops_f64();
+    }
+#endif
+    if constexpr (std::is_same_v<Acc, float>) return bwd::portable_ops_f32();
+    else return bwd::portable_ops_f64();
+  }
 }
 
 // One sequence of the batch: where its rows start in the packed (varlen) tensors and how many.
@@ -108,12 +115,12 @@ void heaviest_first(std::vector<Task>& tasks) {
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.steps > b.steps; });
 }
 
-template <class Acc>
+template <class Acc, class G>
 struct Scratch {
   // Q, dO and K, V tiles: each pass keeps one pair transposed (see bwd::TileStep); the one-pass
   // schedule also keeps K row-major (k_rows) and dQ of its task's rows (acc_q, sized per task).
   std::vector<Acc> q, dout, k, v, p, dp, deriv, k_rows;
-  std::vector<double> acc_k, acc_v, acc_q;
+  std::vector<G> acc_k, acc_v, acc_q;
   std::vector<Acc> lse, delta;
   std::vector<int64_t> lo, hi;
   std::vector<uint16_t> pack;  // the AMX products' operands (bwd::TileStep::pack), when they run
@@ -126,11 +133,12 @@ struct Scratch {
         pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0) {}
 };
 
-template <class T, class Acc>
+// G: the gradient accumulators' type (bwd::TileStep): double, or float with the AMX products.
+template <class T, class Acc, class G = double>
 class Backward {
  public:
   explicit Backward(const core::BackwardParams& p)
-      : p_(p), ops_(tile_ops<Acc>(p.head_dim, p.dtype)), tile_(tile_for(p)), d_(p.head_dim),
+      : p_(p), ops_(tile_ops<Acc, G>(p.head_dim)), tile_(tile_for(p)), d_(p.head_dim),
         lse_(size_t(p.heads_q * p.total_q)), delta_(size_t(p.heads_q * p.total_q)) {
     int64_t longest_q = 0;
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -156,12 +164,11 @@ class Backward {
     // One pass with a single worker, or when the pairs give every worker four tasks (the heaviest
     // first, so that they end together), and a task's dQ accumulator within kMaxDqBytes.
     const int64_t pairs = p.batch * p.heads_kv, workers = workers_for(pairs, p.num_threads);
-    const int64_t dq_bytes = p.group() * ((longest_q + tile_ - 1) / tile_) * tile_ * d_ * int64_t(sizeof(double));
+    const int64_t dq_bytes = p.group() * ((longest_q + tile_ - 1) / tile_) * tile_ * d_ * int64_t(sizeof(G));
     one_pass_ = (workers == 1 || pairs >= 4 * workers) && dq_bytes <= kMaxDqBytes;
     const int64_t most =
         one_pass_ ? int64_t(pair_tasks_.size()) : std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
-    const bool amx = std::is_same_v<Acc, float> && amx_products(d_, p.dtype);
-    scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc>(tile_, d_, amx));
+    scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc, G>(tile_, d_, std::is_same_v<G, float>));
     step_.bm = step_.bn = tile_;
     step_.d = d_;
     step_.score_mul = p.softcap > 0.f ? Acc(p.scale) / Acc(p.softcap) : Acc(p.scale);
@@ -192,8 +199,8 @@ class Backward {
 
   // A step over the worker's tiles, in the layout of the pass (see bwd::TileStep); the caller
   // fills in the key tile's position and mask flag.
-  bwd::TileStep<Acc> step_for(Scratch<Acc>& w, bool dq_pass) const {
-    bwd::TileStep<Acc> st = step_;
+  bwd::TileStep<Acc, G> step_for(Scratch<Acc, G>& w, bool dq_pass) const {
+    bwd::TileStep<Acc, G> st = step_;
     if (dq_pass) {
       st.qt = w.q.data();
       st.dot = w.dout.data();
@@ -235,7 +242,7 @@ class Backward {
   // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
   // key range.
   void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
-                       Scratch<Acc>& w) const {
+                       Scratch<Acc, G>& w) const {
     load_pair(w.q.data(), p_.q, p_.q_s, w.dout.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h, transposed);
     const core::MaskSpec mask = mask_of(s);
     for (int64_t i = 0; i < tile_; ++i) {
@@ -246,19 +253,19 @@ class Backward {
 
   // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks).
   void load_key_tile(const Seq& s, int64_t b, int64_t hk, int64_t c0, int64_t cols, bool transposed,
-                     Scratch<Acc>& w) const {
+                     Scratch<Acc, G>& w) const {
     load_pair(w.k.data(), p_.k, p_.k_s, w.v.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk, transposed);
   }
 
   // Pass 1: the row statistics of one query tile, then its dQ over the key tiles it sees.
-  void dq_task(const Task& t, Scratch<Acc>& w) {
+  void dq_task(const Task& t, Scratch<Acc, G>& w) {
     const Seq s = seq_of(p_, t.b);
     const int64_t r0 = t.tile * tile_, rows = std::min(tile_, s.sq - r0), hk = t.head / p_.group();
     load_query_tile(s, t.b, t.head, r0, rows, true, w);
     for (int64_t i = 0; i < rows; ++i) row_statistics(s, t.b, t.head, r0 + i);
     tile_statistics(s, t.head, r0, rows, w);
-    std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
-    bwd::TileStep<Acc> st = step_for(w, true);
+    std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
+    bwd::TileStep<Acc, G> st = step_for(w, true);
     const core::TileRange range = core::tile_range(mask_of(s), r0, r0 + rows, tile_);
     for (int64_t n = range.n_begin; n < range.n_end; ++n) {
       load_key_tile(s, t.b, hk, n * tile_, std::min(tile_, s.sk - n * tile_), false, w);
@@ -266,19 +273,19 @@ class Backward {
       st.masked = range.needs_mask(n);
       ops_.dq(st);
     }
-    store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, rows, t.head, d_, w.acc_k.data(), double(p_.scale));
+    store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, rows, t.head, d_, w.acc_k.data(), G(p_.scale));
   }
 
   // Pass 2: dK and dV of one key tile, summed over every query head of its group and every query
   // tile that sees it.
-  void dkdv_task(const Task& t, Scratch<Acc>& w) {
+  void dkdv_task(const Task& t, Scratch<Acc, G>& w) {
     const Seq s = seq_of(p_, t.b);
     const int64_t c0 = t.tile * tile_, cols = std::min(tile_, s.sk - c0);
     const core::MaskSpec mask = mask_of(s);
     load_key_tile(s, t.b, t.head, c0, cols, true, w);
-    std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
-    std::fill(w.acc_v.begin(), w.acc_v.end(), 0.0);
-    bwd::TileStep<Acc> st = step_for(w, false);
+    std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
+    std::fill(w.acc_v.begin(), w.acc_v.end(), G(0));
+    bwd::TileStep<Acc, G> st = step_for(w, false);
     st.n0 = c0;
     const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
     for (int64_t h = t.head * p_.group(); h < (t.head + 1) * p_.group(); ++h) {
@@ -292,29 +299,29 @@ class Backward {
         ops_.dkdv(st);
       }
     }
-    store_tile<T>(p_.dk, p_.dk_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_k.data(), double(p_.scale));
-    store_tile<T>(p_.dv, p_.dv_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_v.data(), 1.0);
+    store_tile<T>(p_.dk, p_.dk_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_k.data(), G(p_.scale));
+    store_tile<T>(p_.dv, p_.dv_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_v.data(), G(1));
   }
 
   // The one-pass schedule's task: every gradient of one (batch, KV head) pair. The row statistics
   // of its query heads first, then per key tile (in order) each query head and tile that sees it:
   // dK, dV of the key tile and dQ of the query tile from one S, P, dP, dS.
-  void pair_task(const Task& t, Scratch<Acc>& w) {
+  void pair_task(const Task& t, Scratch<Acc, G>& w) {
     const Seq s = seq_of(p_, t.b);
     const core::MaskSpec mask = mask_of(s);
     const int64_t q_tiles = (s.sq + tile_ - 1) / tile_, per_head = q_tiles * tile_ * d_;
     const int64_t h0 = t.head * p_.group();
     for (int64_t h = h0; h < h0 + p_.group(); ++h)
       for (int64_t r = 0; r < s.sq; ++r) row_statistics(s, t.b, h, r);
-    w.acc_q.assign(size_t(p_.group() * per_head), 0.0);
-    bwd::TileStep<Acc> st = step_for(w, false);
+    w.acc_q.assign(size_t(p_.group() * per_head), G(0));
+    bwd::TileStep<Acc, G> st = step_for(w, false);
     st.k = w.k_rows.data();
     for (int64_t c0 = 0; c0 < s.sk; c0 += tile_) {
       const int64_t cols = std::min(tile_, s.sk - c0), n = c0 / tile_;
       load_key_tile(s, t.b, t.head, c0, cols, true, w);
       load_tile<T>(w.k_rows.data(), tile_, p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head, d_);
-      std::fill(w.acc_k.begin(), w.acc_k.end(), 0.0);
-      std::fill(w.acc_v.begin(), w.acc_v.end(), 0.0);
+      std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
+      std::fill(w.acc_v.begin(), w.acc_v.end(), G(0));
       st.n0 = c0;
       const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
       for (int64_t h = h0; h < h0 + p_.group(); ++h)
@@ -328,13 +335,13 @@ class Backward {
           st.dq = w.acc_q.data() + (h - h0) * per_head + r0 * d_;
           ops_.fused(st);
         }
-      store_tile<T>(p_.dk, p_.dk_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_k.data(), double(p_.scale));
-      store_tile<T>(p_.dv, p_.dv_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_v.data(), 1.0);
+      store_tile<T>(p_.dk, p_.dk_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_k.data(), G(p_.scale));
+      store_tile<T>(p_.dv, p_.dv_s, t.b, s.k_tok0 + c0, cols, t.head, d_, w.acc_v.data(), G(1));
     }
     for (int64_t h = h0; h < h0 + p_.group(); ++h)
       for (int64_t r0 = 0; r0 < s.sq; r0 += tile_)
         store_tile<T>(p_.dq, p_.dq_s, t.b, s.q_tok0 + r0, std::min(tile_, s.sq - r0), h, d_,
-                      w.acc_q.data() + (h - h0) * per_head + r0 * d_, double(p_.scale));
+                      w.acc_q.data() + (h - h0) * per_head + r0 * d_, G(p_.scale));
   }
 
   // D = rowsum(dO o O) and the lse to use of one row, into the shared buffers. A row whose lse is
@@ -358,7 +365,7 @@ class Backward {
   }
 
   // A query tile's lse and D from the shared buffers into w (padding rows: +inf and 0).
-  void tile_statistics(const Seq& s, int64_t h, int64_t r0, int64_t rows, Scratch<Acc>& w) const {
+  void tile_statistics(const Seq& s, int64_t h, int64_t r0, int64_t rows, Scratch<Acc, G>& w) const {
     for (int64_t i = 0; i < tile_; ++i) {
       const bool real = i < rows;
       const size_t at = size_t(h * p_.total_q + s.q_row0 + r0 + i);
@@ -370,14 +377,14 @@ class Backward {
   static constexpr int64_t kMaxDqBytes = int64_t(64) << 20;
 
   const core::BackwardParams& p_;
-  const bwd::TileOps<Acc> ops_;
+  const bwd::TileOps<Acc, G> ops_;
   const int64_t tile_, d_;
   std::vector<Acc> lse_, delta_;  // [heads_q][total_q]: each row's, written before any step reads it
   std::vector<Task> row_tasks_, key_tasks_;
   bool one_pass_ = false;
   std::vector<Task> pair_tasks_;  // the one-pass schedule's tasks: (batch, KV head)
-  std::vector<Scratch<Acc>> scratch_;
-  bwd::TileStep<Acc> step_;  // the shape and score constants shared by every step
+  std::vector<Scratch<Acc, G>> scratch_;
+  bwd::TileStep<Acc, G> step_;  // the shape and score constants shared by every step
 };
 
 }  // namespace
@@ -385,7 +392,10 @@ class Backward {
 void backward(const core::BackwardParams& p) {
   switch (p.dtype) {
     case DType::f16: Backward<core::half_t, float>(p).run(); break;
-    case DType::bf16: Backward<core::bfloat16_t, float>(p).run(); break;
+    case DType::bf16:
+      if (amx_products(p.head_dim, p.dtype)) Backward<core::bfloat16_t, float, float>(p).run();
+      else Backward<core::bfloat16_t, float>(p).run();
+      break;
     case DType::f32: Backward<float, float>(p).run(); break;
     case DType::f64: Backward<double, double>(p).run(); break;
     default: throw Error(Status::internal, "backward: unexpected dtype");

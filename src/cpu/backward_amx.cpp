@@ -4,8 +4,8 @@
 // its five products as tile products: each operand is converted to bf16 into the step's pack
 // scratch (exact for Q, K, V and dO, which are bf16 values widened; P and dS are rounded), in the
 // forms the tiles want: A row-major [m][k], B as VNNI words [k/2][n] (the bf16 pair of rows 2r and
-// 2r + 1 of each column in one 32-bit word). The fp32 results are then written, or added, into the
-// step's float tiles and double accumulators exactly as the SIMD products do.
+// 2r + 1 of each column in one 32-bit word). The tiles write the step's fp32 score tiles and add
+// into its fp32 gradient accumulators in place (TileStep<float, float>).
 #if defined(__x86_64__)
 
 // GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
@@ -93,12 +93,24 @@ void pack_b(const float* b, int64_t k, int64_t n, uint32_t* out) {
       _mm512_storeu_si512(out + r * n + c, pair_words(_mm512_loadu_ps(b + 2 * r * n + c), _mm512_loadu_ps(b + (2 * r + 1) * n + c)));
 }
 
-// C[32][32] block (i, j) of a product: tiles 0-3 the four 16 x 16 results, 4-5 A, 6-7 B.
-void block_product(const uint16_t* ab, const uint32_t* bv, int64_t k, int64_t n, int64_t i, int64_t j, float* out) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+// C[32][32] block (i, j) of C[m][n] (+)= A B: tiles 0-3 the four 16 x 16 blocks of C, loaded from
+// C to accumulate, 4-5 A, 6-7 B.
+void block_product(const uint16_t* ab, const uint32_t* bv, int64_t k, int64_t n, int64_t i, int64_t j, float* c,
+                   bool accumulate) {
+  const int64_t c_stride = n * 4;
+  float* c0 = c + i * n + j;
+  float* c2 = c0 + 16 * n;
+  if (accumulate) {
+    _tile_loadd(0, c0, c_stride);
+    _tile_loadd(1, c0 + 16, c_stride);
+    _tile_loadd(2, c2, c_stride);
+    _tile_loadd(3, c2 + 16, c_stride);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   const int64_t a_stride = k * 2, b_stride = n * 4;
   for (int64_t x = 0; x < k; x += 32) {
     _tile_loadd(4, ab + i * k + x, a_stride);
@@ -110,51 +122,31 @@ void block_product(const uint16_t* ab, const uint32_t* bv, int64_t k, int64_t n,
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  _tile_stored(0, out, 128);
-  _tile_stored(1, out + 16, 128);
-  _tile_stored(2, out + 16 * 32, 128);
-  _tile_stored(3, out + 16 * 32 + 16, 128);
+  _tile_stored(0, c0, c_stride);
+  _tile_stored(1, c0 + 16, c_stride);
+  _tile_stored(2, c2, c_stride);
+  _tile_stored(3, c2 + 16, c_stride);
 }
 
 struct AmxGemm {
-  // C[m][n] (+)= op(A)[m][k] B[k][n], as SimdGemm's; m, n, k multiples of 32.
-  template <bool TransA, class C>
-  static void run(const TileStep<float>& st, const float* a, const float* b, C* c, int64_t m, int64_t n, int64_t k,
-                  bool accumulate) {
+  // C[m][n] (+)= op(A)[m][k] B[k][n], as SimdGemm's, with every C in fp32 (scores, dP and the
+  // fp32 gradient accumulators): accumulating, the tiles start from C and the sums go on in them.
+  // m, n, k multiples of 32.
+  template <bool TransA>
+  static void run(const TileStep<float, float>& st, const float* a, const float* b, float* c, int64_t m, int64_t n,
+                  int64_t k, bool accumulate) {
     uint16_t* ab = st.pack;
     auto* bv = reinterpret_cast<uint32_t*>(st.pack + m * k);
     pack_a<TransA>(a, m, k, ab);
     pack_b(b, k, n, bv);
-    alignas(64) float block[32 * 32];
     for (int64_t i = 0; i < m; i += 32)
-      for (int64_t j = 0; j < n; j += 32) {
-        block_product(ab, bv, k, n, i, j, block);
-        for (int64_t r = 0; r < 32; ++r) {
-          C* row = c + (i + r) * n + j;
-          const float* src = block + r * 32;
-          for (int64_t v = 0; v < 32; v += 16) {
-            const __m512 x = _mm512_load_ps(src + v);
-            if constexpr (std::is_same_v<C, float>) {
-              _mm512_storeu_ps(row + v, accumulate ? _mm512_add_ps(_mm512_loadu_ps(row + v), x) : x);
-            } else {
-              __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-              __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-              if (accumulate) {
-                lo = _mm512_add_pd(_mm512_loadu_pd(row + v), lo);
-                hi = _mm512_add_pd(_mm512_loadu_pd(row + v + 8), hi);
-              }
-              _mm512_storeu_pd(row + v, lo);
-              _mm512_storeu_pd(row + v + 8, hi);
-            }
-          }
-        }
-      }
+      for (int64_t j = 0; j < n; j += 32) block_product(ab, bv, k, n, i, j, c, accumulate);
   }
 };
 
 // A step between loading the tile configuration and releasing the tiles.
-template <void (*Step)(const TileStep<float>&)>
-void on_tiles(const TileStep<float>& st) {
+template <void (*Step)(const TileStep<float, float>&)>
+void on_tiles(const TileStep<float, float>& st) {
   const AmxKernels& amx = amx_kernels();
   amx.begin();
   Step(st);
@@ -163,9 +155,10 @@ void on_tiles(const TileStep<float>& st) {
 
 }  // namespace
 
-TileOps<float> amx_ops_f32() {
-  return TileOps<float>{&on_tiles<&dkdv_step<float, 16, AmxGemm>>, &on_tiles<&dq_step<float, 16, AmxGemm>>,
-                        &on_tiles<&fused_step<float, 16, AmxGemm>>};
+TileOps<float, float> amx_ops_f32() {
+  return TileOps<float, float>{&on_tiles<&dkdv_step<float, float, 16, AmxGemm>>,
+                               &on_tiles<&dq_step<float, float, 16, AmxGemm>>,
+                               &on_tiles<&fused_step<float, float, 16, AmxGemm>>};
 }
 
 }  // namespace flashattn::cpu::bwd

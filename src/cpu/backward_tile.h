@@ -13,7 +13,9 @@
 
 namespace flashattn::cpu::bwd {
 
-template <class T>
+// G: the gradient accumulators' type. double for the SIMD products; float for the AMX products
+// (bf16 problems only), which add into their fp32 tiles in place, as the GPU kernels accumulate.
+template <class T, class G = double>
 struct TileStep {
   int64_t bm = 0, bn = 0, d = 0;  // query rows, keys, head dim (all multiples of 8)
   // The dkdv step keeps scores as S [bm][bn] and reads
@@ -42,17 +44,18 @@ struct TileStep {
   uint16_t* pack = nullptr;  // scratch of the AMX products: 2 x tile x max(d, tile) bf16 values
   // Gradient accumulators, unscaled (the caller multiplies by the softmax scale). Double even for
   // float math: each step adds one tile's float sums, so the rounding of a gradient stays that of
-  // one tile's sum instead of growing with the sequence length.
-  double* dk = nullptr;  // [bn][d]
-  double* dv = nullptr;  // [bn][d]
-  double* dq = nullptr;  // [bm][d]
+  // one tile's sum instead of growing with the sequence length. The AMX products' fp32 instead
+  // carries about 2^-24 sqrt(steps) relative, far under the bf16 rounding of their results.
+  G* dk = nullptr;  // [bn][d]
+  G* dv = nullptr;  // [bn][d]
+  G* dq = nullptr;  // [bm][d]
 };
 
-template <class T>
+template <class T, class G = double>
 struct TileOps {
-  void (*dkdv)(const TileStep<T>&);  // dV += P^T dO, dK += dS^T Q
-  void (*dq)(const TileStep<T>&);    // dQ += dS K
-  void (*fused)(const TileStep<T>&);  // all three, in the key tile's view
+  void (*dkdv)(const TileStep<T, G>&);  // dV += P^T dO, dK += dS^T Q
+  void (*dq)(const TileStep<T, G>&);    // dQ += dS K
+  void (*fused)(const TileStep<T, G>&);  // all three, in the key tile's view
 };
 
 TileOps<float> portable_ops_f32();
@@ -64,6 +67,6 @@ TileOps<double> avx512_ops_f64();
 // bf16 problems on AMX (backward_amx.cpp): the products of bf16 operands on AMX tiles with fp32
 // results; Q, K, V and dO are bf16 values already, P and dS are rounded to bf16 (nearest even) for
 // the products that take them, as on the GPU. d, bm and bn multiples of 32.
-TileOps<float> amx_ops_f32();
+TileOps<float, float> amx_ops_f32();
 
 }  // namespace flashattn::cpu::bwd

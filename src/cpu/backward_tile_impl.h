@@ -150,7 +150,8 @@ inline double tanh_t(double x) { return tanh(x); }
 template <bool Transposed, class T>
 struct Layout {
   int64_t rows, cols;
-  explicit Layout(const TileStep<T>& st) : rows(Transposed ? st.bn : st.bm), cols(Transposed ? st.bm : st.bn) {}
+  template <class G>
+  explicit Layout(const TileStep<T, G>& st) : rows(Transposed ? st.bn : st.bm), cols(Transposed ? st.bm : st.bn) {}
 };
 
 // P = exp(s - lse), 0 where masked, with s the scaled (and capped) score. Overwrites st.p, which
@@ -158,8 +159,8 @@ struct Layout {
 // rounds at the size of s - lse, which is small exactly for the entries that carry weight, instead
 // of at the size of lse * log2(e); for scores in the tens this keeps P's relative error near that
 // of the rounded lse itself.
-template <bool Transposed, class T, int W>
-void probabilities(const TileStep<T>& st) {
+template <bool Transposed, class T, int W, class G>
+void probabilities(const TileStep<T, G>& st) {
   using reg = typename Simd<T, W>::reg;
   const Layout<Transposed, T> t(st);
   T mul = st.score_mul;
@@ -191,8 +192,8 @@ void probabilities(const TileStep<T>& st) {
 
 // dS = P o (dP - D), times the softcap derivative 1 - tanh^2 (the chain rule through c*tanh(s/c)).
 // Overwrites st.p with dS; st.dp holds dP in the same layout.
-template <bool Transposed, class T>
-void score_grad(const TileStep<T>& st) {
+template <bool Transposed, class T, class G>
+void score_grad(const TileStep<T, G>& st) {
   const Layout<Transposed, T> t(st);
   for (int64_t r = 0; r < t.rows; ++r) {
     T* row = st.p + r * t.cols;
@@ -211,8 +212,8 @@ void score_grad(const TileStep<T>& st) {
 // The register-blocked products above, as the steps' product policy.
 template <int W, int NV>
 struct SimdGemm {
-  template <bool TransA, class T, class C>
-  static void run(const TileStep<T>&, const T* a, const T* b, C* c, int64_t m, int64_t n, int64_t k,
+  template <bool TransA, class T, class G, class C>
+  static void run(const TileStep<T, G>&, const T* a, const T* b, C* c, int64_t m, int64_t n, int64_t k,
                   bool accumulate) {
     gemm<TransA, T, W, NV>(a, b, c, m, n, k, accumulate);
   }
@@ -220,9 +221,9 @@ struct SimdGemm {
 
 // The key tile's view: S = Q K^T, dP = dO V^T in [bm][bn], so that the key-side products
 // dV += P^T dO and dK += dS^T Q read P and dS transposed in place. G runs the products (SimdGemm,
-// or backward_amx.cpp's tile products).
-template <class T, int W, class G>
-void dkdv_step(const TileStep<T>& st) {
+// or backward_amx.cpp's tile products); A is the accumulators' type (TileStep).
+template <class T, class A, int W, class G>
+void dkdv_step(const TileStep<T, A>& st) {
   G::template run<false>(st, st.q, st.kt, st.p, st.bm, st.bn, st.d, false);  // S = Q K^T
   probabilities<false, T, W>(st);
   G::template run<true>(st, st.p, st.dout, st.dv, st.bn, st.d, st.bm, true);  // dV += P^T dO
@@ -233,8 +234,8 @@ void dkdv_step(const TileStep<T>& st) {
 
 // The query tile's view: S^T = K Q^T, dP^T = V dO^T in [bn][bm], so that the key and value tiles
 // it streams are plain row copies and dQ += dS K reads dS^T transposed in place.
-template <class T, int W, class G>
-void dq_step(const TileStep<T>& st) {
+template <class T, class A, int W, class G>
+void dq_step(const TileStep<T, A>& st) {
   G::template run<false>(st, st.k, st.qt, st.p, st.bn, st.bm, st.d, false);  // S^T = K Q^T
   probabilities<true, T, W>(st);
   G::template run<false>(st, st.v, st.dot, st.dp, st.bn, st.bm, st.d, false);  // dP^T = V dO^T
@@ -245,9 +246,9 @@ void dq_step(const TileStep<T>& st) {
 // Both sides of a pair at once, for a task that owns dQ of every query row of its KV head group:
 // the key tile's view (dkdv_step), then dQ += dS K from the same dS, K row-major in st.k. The same
 // products in the same order as dq_step's, so the gradients are bitwise those of the two passes.
-template <class T, int W, class G>
-void fused_step(const TileStep<T>& st) {
-  dkdv_step<T, W, G>(st);
+template <class T, class A, int W, class G>
+void fused_step(const TileStep<T, A>& st) {
+  dkdv_step<T, A, W, G>(st);
   G::template run<false>(st, st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
@@ -256,7 +257,7 @@ void fused_step(const TileStep<T>& st) {
 template <class T, int W, int NV>
 TileOps<T> make_ops() {
   using G = SimdGemm<W, NV>;
-  return TileOps<T>{&dkdv_step<T, W, G>, &dq_step<T, W, G>, &fused_step<T, W, G>};
+  return TileOps<T>{&dkdv_step<T, double, W, G>, &dq_step<T, double, W, G>, &fused_step<T, double, W, G>};
 }
 
 }  // namespace
