@@ -23,6 +23,12 @@
 
 namespace flashattn::cpu {
 
+// The vpermw indices that turn _mm512_cvtne2ps_pbh(odd, even) (even's 16 bf16 values in the low
+// half, odd's in the high half) into 16 VNNI words (even[c], odd[c]).
+alignas(64) inline constexpr uint16_t kAmxPairInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                                21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                                11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
 struct AmxKernels {
   void (*begin)();  // load this file's tile configuration
   void (*end)();    // release the tiles (back to the initial state)

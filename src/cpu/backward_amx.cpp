@@ -24,10 +24,7 @@ namespace {
 
 // Two rows of 16 floats -> 16 words, each the bf16 pair (even[c], odd[c]).
 inline __m512i pair_words(__m512 even, __m512 odd) {
-  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                            21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
-                                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kAmxPairInterleave), (__m512i)_mm512_cvtne2ps_pbh(odd, even));
 }
 
 // r[0..16) <- their transpose (16 x 16 32-bit words), in three rounds: pairs of rows interleaved

@@ -115,12 +115,7 @@ __m512 exp2_bf16(__m512 x) {
 // nk up to a multiple of 32: the B operand of O~^T += V^T P~^T, written in the same pass.
 void softmax(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
              uint32_t* pv) {
-  // cvtne2ps gives key 2r's 16 values in the low half and key 2r + 1's in the high half; the
-  // permutation interleaves them into pairs.
-  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                            21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
-                                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kInterleave);
+  const __m512i idx = _mm512_load_si512(kAmxPairInterleave);
   const __m512 cv = _mm512_set1_ps(c), neg_inf = _mm512_set1_ps(-__builtin_inff());
   const int64_t pairs = (nk + 31) / 32 * 16;
   // 16 rows at a time, their max and sums in registers through the whole tile (a running value
