@@ -32,6 +32,9 @@ alignas(64) inline constexpr uint16_t kAmxPairInterleave[32] = {0,  16, 1,  17, 
 struct AmxKernels {
   void (*begin)();  // load this file's tile configuration
   void (*end)();    // release the tiles (back to the initial state)
+  // The first `cols` (16 or 32) of 32 query rows staged [32][d] bf16 (zero past the tile's rows)
+  // -> columns i0..i0 + cols of QV.
+  void (*pack_q)(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64_t i0, int64_t cols);
   // ST[j][i] = mul * sum_x K[j][x] Q_i[x] for j < nk rounded up to 16, i < rows (a multiple of 16);
   // K rows ldk elements apart; QV and ST rows mpad apart.
   void (*scores)(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int64_t d, int64_t rows,
@@ -46,8 +49,9 @@ struct AmxKernels {
   // V^T rows ldv apart, its columns readable up to nk rounded up to 32; OT rows mpad apart.
   void (*accumulate)(const uint16_t* vt, int64_t ldv, int64_t nk, const uint32_t* pv, int64_t rows, int64_t mpad,
                      int64_t d, const float* f, float* ot);
-  // dst[0, n) = src rounded to bf16 (nearest even; fp32 subnormals become 0); n a multiple of 16.
-  void (*to_bf16)(const float* src, void* dst, int64_t n);
+  // Rows i < rows (a multiple of 16) of O~^T [d][mpad] times scale[i], rounded to bf16 (nearest
+  // even; fp32 subnormals become 0) into the row out[i]; a null out[i] is not written.
+  void (*finish)(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float* scale, void* const* out);
 };
 
 // The AMX kernels; only called where active_level() is KernelLevel::amx.

@@ -67,14 +67,10 @@ void stage_rows(const Row& row, int64_t n, int64_t d, uint16_t* staged) {
 
 // The rows of ws's query tile into qv[r][i] = the bf16 pair (q_i[2r], q_i[2r + 1]), 0 past ws.rows.
 template <class QRow>
-void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, AmxSpace& as) {
-  uint32_t* qv = as.qv.get();
+void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, const AmxKernels& amx, AmxSpace& as) {
   for (int64_t i0 = 0; i0 < ws.mpad; i0 += 32) {
-    const int64_t n = ws.rows - i0 < 32 ? ws.rows - i0 : 32;
-    stage_rows([&](int64_t j) { return q_row(i0 + j); }, n, ws.d, as.staged.get());
-    const int64_t cols = ws.mpad - i0 < 32 ? ws.mpad - i0 : 32;
-    for (int64_t r = 0; r < ws.d / 2; ++r)
-      for (int64_t i = 0; i < cols; ++i) std::memcpy(qv + r * ws.mpad + i0 + i, as.staged.get() + i * ws.d + 2 * r, 4);
+    stage_rows([&](int64_t j) { return q_row(i0 + j); }, ws.rows - i0, ws.d, as.staged.get());
+    amx.pack_q(as.staged.get(), ws.d, as.qv.get(), ws.mpad, i0, ws.mpad - i0 < 32 ? ws.mpad - i0 : 32);
   }
 }
 
@@ -142,7 +138,7 @@ void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const
                 const TileConfig<float>& cfg, const core::TileRange& tr, const QRow& q_row, const KeyRows& key_rows,
                 int64_t sk, int64_t b, int64_t hk, int64_t max_pack_bytes) {
   const int64_t d = ws.d, bn = ws.block_n;
-  pack_amx_queries(ws, q_row, as);
+  pack_amx_queries(ws, q_row, amx, as);
   const AmxScope scope(amx);
   AmxTile tile{&amx, nullptr, nullptr, 0, as.qv.get(), as.pv.get(), cfg.q_scale};
   const int64_t padded = ceil_div(sk, bn) * bn, head_ldv = packed_stride(padded, 2);

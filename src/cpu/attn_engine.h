@@ -254,15 +254,21 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
   }
 }
 
-// Row i's final output o~ / l, written through `store(x, value)`; returns its natural-log lse,
-// formed in double so that a large max keeps its digits. A row that saw no key gets 0 and -inf
-// (core::finalize_*).
+// Row i's natural-log lse, formed in double so that a large max keeps its digits; -inf for a row
+// that saw no key (core::finalize_lse).
+template <class T>
+T row_lse(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i) {
+  return T(core::finalize_lse(double(ws.m[i]) * cfg.lse_scale, double(ws.l[i])));
+}
+
+// Row i's final output o~ / l, written through `store(x, value)`; returns its lse. A row that saw
+// no key gets 0 and -inf (core::finalize_*).
 template <class T, class Store>
 T finish_row(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i, const Store& store) {
   T scale = core::finalize_scale(ws.l[i]);
   const T* ot = ws.ot.get();
   for (int64_t x = 0; x < ws.d; ++x) store(x, ot[x * ws.mpad + i] * scale);
-  return T(core::finalize_lse(double(ws.m[i]) * cfg.lse_scale, double(ws.l[i])));
+  return row_lse(ws, cfg, i);
 }
 
 // Writes value v into element i of a tensor of dtype t.

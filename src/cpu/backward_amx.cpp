@@ -16,46 +16,11 @@
 
 #include <immintrin.h>
 
-#include "cpu/amx.h"
+#include "cpu/amx_simd.h"
 #include "cpu/backward_tile_impl.h"
 
 namespace flashattn::cpu::bwd {
 namespace {
-
-// Two rows of 16 floats -> 16 words, each the bf16 pair (even[c], odd[c]).
-inline __m512i pair_words(__m512 even, __m512 odd) {
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kAmxPairInterleave), (__m512i)_mm512_cvtne2ps_pbh(odd, even));
-}
-
-// r[0..16) <- their transpose (16 x 16 32-bit words), in three rounds: pairs of rows interleaved
-// by 32-bit words, then by 64-bit words (r[4k + s] then holds in 128-bit lane L column 4L + s of
-// rows 4k..4k+3), then the 128-bit lanes regrouped so that register c gathers column c's four
-// lanes.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int s = 0; s < 4; ++s) {  // lanes (0, 2 | 1, 3) of rows 0-7 and of rows 8-15
-    t[s] = _mm512_shuffle_i32x4(r[s], r[s + 4], 0x88);
-    t[s + 4] = _mm512_shuffle_i32x4(r[s], r[s + 4], 0xdd);
-    t[s + 8] = _mm512_shuffle_i32x4(r[s + 8], r[s + 12], 0x88);
-    t[s + 12] = _mm512_shuffle_i32x4(r[s + 8], r[s + 12], 0xdd);
-  }
-  for (int s = 0; s < 4; ++s) {  // columns s, 4 + s, 8 + s, 12 + s
-    r[s] = _mm512_shuffle_i32x4(t[s], t[s + 8], 0x88);
-    r[s + 8] = _mm512_shuffle_i32x4(t[s], t[s + 8], 0xdd);
-    r[s + 4] = _mm512_shuffle_i32x4(t[s + 4], t[s + 12], 0x88);
-    r[s + 12] = _mm512_shuffle_i32x4(t[s + 4], t[s + 12], 0xdd);
-  }
-}
 
 // op(A) [m][k] as bf16 rows: A row-major [m][k], or (TransA) stored [k][m]. The transposed case
 // pairs rows 2r, 2r + 1 of the stored matrix into words (a word holds A[i][2r], A[i][2r + 1]) and

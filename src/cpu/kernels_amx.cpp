@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "cpu/amx.h"
+#include "cpu/amx_simd.h"
 
 namespace flashattn::cpu {
 namespace {
@@ -190,16 +190,43 @@ void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const uint32_t* pv,
     }
 }
 
-void to_bf16(const float* src, void* dst, int64_t n) {
-  auto* out = static_cast<char*>(dst);
-  for (int64_t i = 0; i < n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+// ---- operands in and results out ---------------------------------------------------------------
+// The first `cols` (16 or 32) staged query rows [32][d] bf16 (d/2 words each) -> qv[r][i0 + i]
+// (columns i0..i0 + cols of the VNNI words): 16 x 16 blocks of words transposed in registers.
+void pack_q(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64_t i0, int64_t cols) {
+  const auto* words = reinterpret_cast<const uint32_t*>(staged);
+  const int64_t pairs = d / 2;
+  __m512i r[16];
+  for (int64_t half = 0; half < cols; half += 16)
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(words + (half + q) * pairs + p0);
+      transpose16(r);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(qv + (p0 + q) * mpad + i0 + half, r[q]);
+    }
+}
+
+// Rows i < rows (a multiple of 16) of O~^T [d][mpad], times scale[i], as bf16 into out[i] (null:
+// a padding row, not written): 16 x 16 blocks transposed in registers, so each row goes out in
+// 32-byte stores.
+void finish(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float* scale, void* const* out) {
+  __m512i r[16];
+  for (int64_t i0 = 0; i0 < rows; i0 += 16)
+    for (int64_t x0 = 0; x0 < d; x0 += 16) {
+      for (int q = 0; q < 16; ++q) r[q] = _mm512_castps_si512(_mm512_loadu_ps(ot + (x0 + q) * mpad + i0));
+      transpose16(r);
+      for (int q = 0; q < 16; ++q) {
+        if (!out[i0 + q]) continue;
+        const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(r[q]), _mm512_set1_ps(scale[i0 + q]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<char*>(out[i0 + q]) + 2 * x0),
+                            (__m256i)_mm512_cvtneps_pbh(v));
+      }
+    }
 }
 
 }  // namespace
 
 const AmxKernels& amx_kernels() {
-  static const AmxKernels k{&begin, &end, &scores, &softmax, &accumulate, &to_bf16};
+  static const AmxKernels k{&begin, &end, &pack_q, &scores, &softmax, &accumulate, &finish};
   return k;
 }
 

@@ -1,0 +1,50 @@
+// AVX-512 helpers of the AMX files (kernels_amx.cpp, backward_amx.cpp), which alone include this
+// header: both are compiled with the AMX and AVX512-BF16 flags, and everything here has internal
+// linkage, so no copy of it is shared with code compiled for other levels.
+#pragma once
+
+#include <immintrin.h>
+
+#include "cpu/amx.h"
+
+namespace flashattn::cpu {
+namespace {
+
+// Two rows of 16 floats -> 16 VNNI words, each the bf16 pair (even[c], odd[c]), rounded to nearest
+// even.
+inline __m512i pair_words(__m512 even, __m512 odd) {
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kAmxPairInterleave), (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+}
+
+// r[0..16) <- their transpose (16 x 16 32-bit words), in three rounds: pairs of rows interleaved
+// by 32-bit words, then by 64-bit words (r[4k + s] then holds in 128-bit lane L column 4L + s of
+// rows 4k..4k+3), then the 128-bit lanes regrouped so that register c gathers column c's four
+// lanes.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int s = 0; s < 4; ++s) {  // lanes (0, 2 | 1, 3) of rows 0-7 and of rows 8-15
+    t[s] = _mm512_shuffle_i32x4(r[s], r[s + 4], 0x88);
+    t[s + 4] = _mm512_shuffle_i32x4(r[s], r[s + 4], 0xdd);
+    t[s + 8] = _mm512_shuffle_i32x4(r[s + 8], r[s + 12], 0x88);
+    t[s + 12] = _mm512_shuffle_i32x4(r[s + 8], r[s + 12], 0xdd);
+  }
+  for (int s = 0; s < 4; ++s) {  // columns s, 4 + s, 8 + s, 12 + s
+    r[s] = _mm512_shuffle_i32x4(t[s], t[s + 8], 0x88);
+    r[s + 8] = _mm512_shuffle_i32x4(t[s], t[s + 8], 0xdd);
+    r[s + 4] = _mm512_shuffle_i32x4(t[s + 4], t[s + 12], 0x88);
+    r[s + 12] = _mm512_shuffle_i32x4(t[s + 4], t[s + 12], 0xdd);
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::cpu
