@@ -20,6 +20,7 @@
 // the gradients are bitwise the same whichever schedule a thread count picks.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -124,13 +125,18 @@ struct Scratch {
   std::vector<Acc> lse, delta;
   std::vector<int64_t> lo, hi;
   std::vector<uint16_t> pack;  // the AMX products' operands (bwd::TileStep::pack), when they run
+  std::vector<uint16_t> q16, dout16, k16, v16;     // the AMX fused step's Q, dO, K and V rows
+  std::vector<uint32_t> kt_words, vt_words, k_words;  // and its key tile's packs
 
   Scratch(int64_t tile, int64_t d, bool amx)
       : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
         p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
         k_rows(size_t(tile * d)), acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
         delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)),
-        pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0) {}
+        pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0), q16(amx ? size_t(tile * d) : 0),
+        dout16(amx ? size_t(tile * d) : 0), k16(amx ? size_t(tile * d) : 0), v16(amx ? size_t(tile * d) : 0),
+        kt_words(amx ? size_t(tile * d / 2) : 0),
+        vt_words(amx ? size_t(tile * d / 2) : 0), k_words(amx ? size_t(tile * d / 2) : 0) {}
 };
 
 // G: the gradient accumulators' type (bwd::TileStep): double, or float with the AMX products.
@@ -223,6 +229,13 @@ class Backward {
     st.dp = w.dp.data();
     st.deriv = w.deriv.data();
     st.pack = w.pack.data();
+    st.q16 = w.q16.data();
+    st.dout16 = w.dout16.data();
+    st.k16 = w.k16.data();
+    st.v16 = w.v16.data();
+    st.kt_words = w.kt_words.data();
+    st.vt_words = w.vt_words.data();
+    st.k_words = w.k_words.data();
     return st;
   }
 
@@ -240,15 +253,29 @@ class Backward {
   }
 
   // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
-  // key range.
+  // key range. rows16: Q and dO stay bf16 rows, for the AMX fused step.
   void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
-                       Scratch<Acc, G>& w) const {
-    load_pair(w.q.data(), p_.q, p_.q_s, w.dout.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h, transposed);
+                       Scratch<Acc, G>& w, bool rows16 = false) const {
+    if (rows16) {
+      copy_rows16(w.q16.data(), p_.q, p_.q_s, b, s.q_tok0 + r0, rows, h);
+      copy_rows16(w.dout16.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h);
+    } else {
+      load_pair(w.q.data(), p_.q, p_.q_s, w.dout.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h, transposed);
+    }
     const core::MaskSpec mask = mask_of(s);
     for (int64_t i = 0; i < tile_; ++i) {
       w.lo[size_t(i)] = mask.lo(r0 + i);
       w.hi[size_t(i)] = mask.hi(r0 + i);
     }
+  }
+
+  // Rows [tok0, tok0 + rows) of head h of a 16-bit tensor as they are, into dst [tile][d]; the
+  // padding rows zero.
+  void copy_rows16(uint16_t* dst, const void* src, const core::Strides& st, int64_t b, int64_t tok0, int64_t rows,
+                   int64_t h) const {
+    const auto* base = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * d_, base + st.offset(b, tok0 + i, h), size_t(d_) * 2);
+    std::fill(dst + rows * d_, dst + tile_ * d_, uint16_t(0));
   }
 
   // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks).
@@ -318,8 +345,14 @@ class Backward {
     st.k = w.k_rows.data();
     for (int64_t c0 = 0; c0 < s.sk; c0 += tile_) {
       const int64_t cols = std::min(tile_, s.sk - c0), n = c0 / tile_;
-      load_key_tile(s, t.b, t.head, c0, cols, true, w);
-      load_tile<T>(w.k_rows.data(), tile_, p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head, d_);
+      if (ops_.key_tile) {  // the AMX fused step: K and V stay bf16 rows, packed once here
+        copy_rows16(w.k16.data(), p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head);
+        copy_rows16(w.v16.data(), p_.v, p_.v_s, t.b, s.k_tok0 + c0, cols, t.head);
+        ops_.key_tile(st);
+      } else {
+        load_key_tile(s, t.b, t.head, c0, cols, true, w);
+        load_tile<T>(w.k_rows.data(), tile_, p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head, d_);
+      }
       std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
       std::fill(w.acc_v.begin(), w.acc_v.end(), G(0));
       st.n0 = c0;
@@ -329,7 +362,7 @@ class Backward {
           const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
           const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
           if (n < range.n_begin || n >= range.n_end) continue;
-          load_query_tile(s, t.b, h, r0, rows, false, w);
+          load_query_tile(s, t.b, h, r0, rows, false, w, ops_.key_tile != nullptr);
           tile_statistics(s, h, r0, rows, w);
           st.masked = range.needs_mask(n);
           st.dq = w.acc_q.data() + (h - h0) * per_head + r0 * d_;

@@ -106,6 +106,70 @@ struct AmxGemm {
   }
 };
 
+// x [m][n] bf16 rows -> VNNI words [m/2][n]: word (r, c) = (x[2r][c], x[2r + 1][c]).
+void pair_rows(const uint16_t* x, int64_t m, int64_t n, uint32_t* out) {
+  alignas(64) static constexpr uint16_t kLow[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                    8,  40, 9,  41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr uint16_t kHigh[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i low = _mm512_load_si512(kLow), high = _mm512_load_si512(kHigh);
+  for (int64_t r = 0; r < m / 2; ++r)
+    for (int64_t c = 0; c < n; c += 32) {
+      const __m512i even = _mm512_loadu_si512(x + 2 * r * n + c), odd = _mm512_loadu_si512(x + (2 * r + 1) * n + c);
+      _mm512_storeu_si512(out + r * n + c, _mm512_permutex2var_epi16(even, low, odd));
+      _mm512_storeu_si512(out + r * n + c + 16, _mm512_permutex2var_epi16(even, high, odd));
+    }
+}
+
+// C[m][n] (+)= A[m][k] B: A bf16 rows (k apart), B VNNI words [k/2][n]; m, n, k multiples of 32.
+void product(const uint16_t* a, const uint32_t* b, float* c, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  for (int64_t i = 0; i < m; i += 32)
+    for (int64_t j = 0; j < n; j += 32) block_product(a, b, k, n, i, j, c, accumulate);
+}
+
+// x [n][d] bf16 rows -> words [d/2][n]: word (r, j) = (x[j][2r], x[j][2r + 1]), i.e. x^T as VNNI
+// words (row j's 32-bit word r, transposed in 16 x 16 blocks).
+void transpose_rows(const uint16_t* x, int64_t n, int64_t d, uint32_t* out) {
+  const auto* words = reinterpret_cast<const uint32_t*>(x);
+  const int64_t pairs = d / 2;
+  __m512i r[16];
+  for (int64_t j0 = 0; j0 < n; j0 += 16)
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(words + (j0 + q) * pairs + p0);
+      transpose16(r);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(out + (p0 + q) * n + j0, r[q]);
+    }
+}
+
+// The key tile's B operands, once per key tile (TileOps::key_tile), from its bf16 rows.
+void key_tile(const TileStep<float, float>& st) {
+  transpose_rows(st.k16, st.bn, st.d, st.kt_words);
+  transpose_rows(st.v16, st.bn, st.d, st.vt_words);
+  pair_rows(st.k16, st.bn, st.d, st.k_words);
+}
+
+// The fused step (backward_tile_impl.h's fused_step) on operands already in the tiles' forms where
+// they can be: Q and dO as bf16 rows (the A of S and dP; paired into words for dK and dV), the key
+// tile's VNNI words. The same bf16 values meet in the same roles as in AmxGemm's products, so the
+// results are bitwise those of the two passes.
+void amx_fused_step(const TileStep<float, float>& st) {
+  const int64_t bm = st.bm, bn = st.bn, d = st.d;
+  uint16_t* a = st.pack;                                       // [tile][tile]: P^T, dS^T, dS
+  auto* words = reinterpret_cast<uint32_t*>(st.pack + bm * bn);  // [bm/2][d]: dO, then Q
+  product(st.q16, st.kt_words, st.p, bm, bn, d, false);  // S = Q K^T
+  probabilities<false, float, 16>(st);
+  pack_a<true>(st.p, bn, bm, a);
+  pair_rows(st.dout16, bm, d, words);
+  product(a, words, st.dv, bn, d, bm, true);  // dV += P^T dO
+  product(st.dout16, st.vt_words, st.dp, bm, bn, d, false);  // dP = dO V^T
+  score_grad<false, float>(st);
+  pack_a<true>(st.p, bn, bm, a);
+  pair_rows(st.q16, bm, d, words);
+  product(a, words, st.dk, bn, d, bm, true);  // dK += dS^T Q
+  pack_a<false>(st.p, bm, bn, a);
+  product(a, st.k_words, st.dq, bm, d, bn, true);  // dQ += dS K
+}
+
 // A step between loading the tile configuration and releasing the tiles.
 template <void (*Step)(const TileStep<float, float>&)>
 void on_tiles(const TileStep<float, float>& st) {
@@ -119,8 +183,8 @@ void on_tiles(const TileStep<float, float>& st) {
 
 TileOps<float, float> amx_ops_f32() {
   return TileOps<float, float>{&on_tiles<&dkdv_step<float, float, 16, AmxGemm>>,
-                               &on_tiles<&dq_step<float, float, 16, AmxGemm>>,
-                               &on_tiles<&fused_step<float, float, 16, AmxGemm>>};
+                               &on_tiles<&dq_step<float, float, 16, AmxGemm>>, &on_tiles<&amx_fused_step>,
+                               &key_tile};
 }
 
 }  // namespace flashattn::cpu::bwd

@@ -42,6 +42,16 @@ struct TileStep {
   T* dp = nullptr;     // scratch: dP
   T* deriv = nullptr;  // scratch: 1 - tanh^2 (softcap only)
   uint16_t* pack = nullptr;  // scratch of the AMX products: 2 x tile x max(d, tile) bf16 values
+  // The AMX fused step (backward_amx.cpp) reads Q and dO as bf16 rows [bm][d] instead of q and
+  // dout, and the key tile's B operands as VNNI words that TileOps::key_tile packs once per key
+  // tile from its bf16 rows k16 and v16 [bn][d]: K^T [d/2][bn], V^T [d/2][bn] and K [bn/2][d].
+  const uint16_t* q16 = nullptr;
+  const uint16_t* dout16 = nullptr;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
+  uint32_t* kt_words = nullptr;
+  uint32_t* vt_words = nullptr;
+  uint32_t* k_words = nullptr;
   // Gradient accumulators, unscaled (the caller multiplies by the softmax scale). Double even for
   // float math: each step adds one tile's float sums, so the rounding of a gradient stays that of
   // one tile's sum instead of growing with the sequence length. The AMX products' fp32 instead
@@ -56,6 +66,9 @@ struct TileOps {
   void (*dkdv)(const TileStep<T, G>&);  // dV += P^T dO, dK += dS^T Q
   void (*dq)(const TileStep<T, G>&);    // dQ += dS K
   void (*fused)(const TileStep<T, G>&);  // all three, in the key tile's view
+  // Set by the AMX products only: the fused step's per-key-tile packs (TileStep::kt_words etc.),
+  // run once a key tile is loaded; their fused step then takes Q and dO as bf16 rows.
+  void (*key_tile)(const TileStep<T, G>&) = nullptr;
 };
 
 TileOps<float> portable_ops_f32();
