@@ -131,8 +131,8 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
           prefetch_rows(out_row, r1 - r0, d * esize, true);  // written at the end of the tile
           attend_amx(ws, *aslot, *amx, kern, cfg, tr, q_row, key_rows, s.sk, task.b, hk, kMaxPackBytes);
           // Each row's o~ / l (core::finalize_scale) and lse, rows rounded to bf16 in 16 x 16 blocks.
-          alignas(64) float scale[kAmxBlockM];
-          void* rows[kAmxBlockM];
+          alignas(64) float scale[kMaxTileRows];
+          void* rows[kMaxTileRows];
           for (int64_t i = 0; i < ws.mpad; ++i) {
             const bool real = i < ws.rows;
             scale[i] = real ? core::finalize_scale(ws.l[i]) : 0.f;
