@@ -5,9 +5,10 @@
 // and store their fp32 results (S^T, O~^T) through memory, so O~^T is loaded and stored once per
 // key tile: few query rows keep O~^T (d x 64 fp32, 32 KiB at d = 128) in L1, and long key tiles
 // amortize its pass over more products. Measured on a 2-core Sapphire Rapids VM (bf16, b=1, s=2048,
-// 2026-12-05, bench/results/cpu_amx_2026-12-05.txt): 384-row tiles of 64 keys, the float engine's,
-// ran 702 GFLOP/s at d=128 against 869 for these; 32-128 rows x 128-1024 keys came within +-5% of
-// these at d=64, 128 and 256, the VM's noise.
+// 2026-12-05, bench/results/cpu_amx_2026-12-05.txt): the first version, on the float engine's
+// 384-row tiles of 64 keys and one tile per task, ran 702 GFLOP/s at d=128; these shapes, with
+// several tiles per task, 869; 32-128 rows x 128-1024 keys came within +-5% of these at d=64, 128
+// and 256, the VM's noise.
 #pragma once
 
 #include <cstdint>
