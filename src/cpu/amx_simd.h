@@ -46,5 +46,20 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
+// n rows of d bf16 values (n a multiple of 16, d of 32) -> their 32-bit words transposed: out[r *
+// out_stride + j] = word r of row j, the bf16 pair (x[j][2r], x[j][2r + 1]). That is x^T in the
+// VNNI layout a B operand wants, in 16 x 16 blocks transposed in registers.
+inline void transpose_words(const uint16_t* x, int64_t n, int64_t d, uint32_t* out, int64_t out_stride) {
+  const auto* words = reinterpret_cast<const uint32_t*>(x);
+  const int64_t pairs = d / 2;
+  __m512i r[16];
+  for (int64_t j0 = 0; j0 < n; j0 += 16)
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(words + (j0 + q) * pairs + p0);
+      transpose16(r);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(out + (p0 + q) * out_stride + j0, r[q]);
+    }
+}
+
 }  // namespace
 }  // namespace flashattn::cpu

@@ -90,6 +90,12 @@ void block_product(const uint16_t* ab, const uint32_t* bv, int64_t k, int64_t n,
   _tile_stored(3, c2 + 16, c_stride);
 }
 
+// C[m][n] (+)= A[m][k] B: A bf16 rows (k apart), B VNNI words [k/2][n]; m, n, k multiples of 32.
+void product(const uint16_t* a, const uint32_t* b, float* c, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  for (int64_t i = 0; i < m; i += 32)
+    for (int64_t j = 0; j < n; j += 32) block_product(a, b, k, n, i, j, c, accumulate);
+}
+
 struct AmxGemm {
   // C[m][n] (+)= op(A)[m][k] B[k][n], as SimdGemm's, with every C in fp32 (scores, dP and the
   // fp32 gradient accumulators): accumulating, the tiles start from C and the sums go on in them.
@@ -101,8 +107,7 @@ struct AmxGemm {
     auto* bv = reinterpret_cast<uint32_t*>(st.pack + m * k);
     pack_a<TransA>(a, m, k, ab);
     pack_b(b, k, n, bv);
-    for (int64_t i = 0; i < m; i += 32)
-      for (int64_t j = 0; j < n; j += 32) block_product(ab, bv, k, n, i, j, c, accumulate);
+    product(ab, bv, c, m, n, k, accumulate);
   }
 };
 
@@ -121,30 +126,10 @@ void pair_rows(const uint16_t* x, int64_t m, int64_t n, uint32_t* out) {
     }
 }
 
-// C[m][n] (+)= A[m][k] B: A bf16 rows (k apart), B VNNI words [k/2][n]; m, n, k multiples of 32.
-void product(const uint16_t* a, const uint32_t* b, float* c, int64_t m, int64_t n, int64_t k, bool accumulate) {
-  for (int64_t i = 0; i < m; i += 32)
-    for (int64_t j = 0; j < n; j += 32) block_product(a, b, k, n, i, j, c, accumulate);
-}
-
-// x [n][d] bf16 rows -> words [d/2][n]: word (r, j) = (x[j][2r], x[j][2r + 1]), i.e. x^T as VNNI
-// words (row j's 32-bit word r, transposed in 16 x 16 blocks).
-void transpose_rows(const uint16_t* x, int64_t n, int64_t d, uint32_t* out) {
-  const auto* words = reinterpret_cast<const uint32_t*>(x);
-  const int64_t pairs = d / 2;
-  __m512i r[16];
-  for (int64_t j0 = 0; j0 < n; j0 += 16)
-    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-      for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(words + (j0 + q) * pairs + p0);
-      transpose16(r);
-      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(out + (p0 + q) * n + j0, r[q]);
-    }
-}
-
 // The key tile's B operands, once per key tile (TileOps::key_tile), from its bf16 rows.
 void key_tile(const TileStep<float, float>& st) {
-  transpose_rows(st.k16, st.bn, st.d, st.kt_words);
-  transpose_rows(st.v16, st.bn, st.d, st.vt_words);
+  transpose_words(st.k16, st.bn, st.d, st.kt_words, st.bn);
+  transpose_words(st.v16, st.bn, st.d, st.vt_words, st.bn);
   pair_rows(st.k16, st.bn, st.d, st.k_words);
 }
 

@@ -191,18 +191,9 @@ void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const uint32_t* pv,
 }
 
 // ---- operands in and results out ---------------------------------------------------------------
-// The first `cols` (16 or 32) staged query rows [32][d] bf16 (d/2 words each) -> qv[r][i0 + i]
-// (columns i0..i0 + cols of the VNNI words): 16 x 16 blocks of words transposed in registers.
+// The first `cols` (16 or 32) staged query rows -> columns i0..i0 + cols of the VNNI words.
 void pack_q(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64_t i0, int64_t cols) {
-  const auto* words = reinterpret_cast<const uint32_t*>(staged);
-  const int64_t pairs = d / 2;
-  __m512i r[16];
-  for (int64_t half = 0; half < cols; half += 16)
-    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-      for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(words + (half + q) * pairs + p0);
-      transpose16(r);
-      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(qv + (p0 + q) * mpad + i0 + half, r[q]);
-    }
+  transpose_words(staged, cols, d, qv + i0, mpad);
 }
 
 // Rows i < rows (a multiple of 16) of O~^T [d][mpad], times scale[i], as bf16 into out[i] (null:
