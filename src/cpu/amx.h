@@ -16,7 +16,8 @@
 // finite values; P^T is zero past nk.
 //
 // Each task brackets its products with begin() and end(): the tile configuration is per thread and
-// other code in the thread (PyTorch's own AMX kernels, say) may change it between our calls.
+// other code in the thread (PyTorch's own AMX kernels, say) may change it between our calls, or
+// count on its own staying loaded across them (end() restores it).
 #pragma once
 
 #include <cstdint>
@@ -29,9 +30,14 @@ alignas(64) inline constexpr uint16_t kAmxPairInterleave[32] = {0,  16, 1,  17, 
                                                                 21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                                 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
+// A thread's tile configuration as ldtilecfg / sttilecfg move it.
+struct alignas(64) AmxSavedState {
+  uint8_t bytes[64];
+};
+
 struct AmxKernels {
-  void (*begin)();  // load this file's tile configuration
-  void (*end)();    // release the tiles (back to the initial state)
+  void (*begin)(AmxSavedState* saved);      // save the thread's tile configuration, load ours
+  void (*end)(const AmxSavedState* saved);  // restore the saved one (or release the tiles)
   // The first `cols` (16 or 32) of 32 query rows staged [32][d] bf16 (zero past the tile's rows)
   // -> columns i0..i0 + cols of QV.
   void (*pack_q)(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64_t i0, int64_t cols);

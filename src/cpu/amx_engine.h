@@ -121,16 +121,17 @@ struct AmxTile {
   }
 };
 
-// Holds the tile configuration for a scope and releases the tiles however it ends.
+// Holds our tile configuration for a scope and restores the thread's however the scope ends.
 class AmxScope {
  public:
-  explicit AmxScope(const AmxKernels& amx) : amx_(amx) { amx_.begin(); }
-  ~AmxScope() { amx_.end(); }
+  explicit AmxScope(const AmxKernels& amx) : amx_(amx) { amx_.begin(&saved_); }
+  ~AmxScope() { amx_.end(&saved_); }
   AmxScope(const AmxScope&) = delete;
   AmxScope& operator=(const AmxScope&) = delete;
 
  private:
   const AmxKernels& amx_;
+  AmxSavedState saved_;
 };
 
 // One query tile (its state already reset in ws) against keys [0, sk) of head (b, hk), whose rows

@@ -155,13 +155,14 @@ void amx_fused_step(const TileStep<float, float>& st) {
   product(a, st.k_words, st.dq, bm, d, bn, true);  // dQ += dS K
 }
 
-// A step between loading the tile configuration and releasing the tiles.
+// A step between loading our tile configuration and restoring the thread's.
 template <void (*Step)(const TileStep<float, float>&)>
 void on_tiles(const TileStep<float, float>& st) {
   const AmxKernels& amx = amx_kernels();
-  amx.begin();
+  AmxSavedState saved;
+  amx.begin(&saved);
   Step(st);
-  amx.end();
+  amx.end(&saved);
 }
 
 }  // namespace

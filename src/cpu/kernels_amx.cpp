@@ -36,9 +36,18 @@ struct alignas(64) TileConfig {
 // instruction then faulted).
 alignas(64) constexpr TileConfig kConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-void begin() { _tile_loadconfig(&kConfig); }
+// The thread's tile configuration is saved first and restored at the end: code around us in the
+// thread (oneDNN inside PyTorch, say) may have configured the tiles and count on that
+// configuration staying loaded. Their tile data is not kept (our products overwrite the registers).
+void begin(AmxSavedState* saved) {
+  _tile_storeconfig(saved->bytes);
+  _tile_loadconfig(&kConfig);
+}
 
-void end() { _tile_release(); }
+void end(const AmxSavedState* saved) {
+  if (saved->bytes[0] != 0) _tile_loadconfig(saved->bytes);  // byte 0, the palette: 0 = none loaded
+  else _tile_release();
+}
 
 // ---- S^T = K Q^T -------------------------------------------------------------------------------
 // KB blocks of 16 keys x RB blocks of 16 query rows, summed over the head dim 32 at a time.

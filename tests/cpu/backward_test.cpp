@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "cpu/simd.h"
 #include "flashattn/flashattn.hpp"
 #include "reference/reference.h"
@@ -291,6 +292,26 @@ TEST(BackwardLevels, AmxProductsAtEveryHeadDim) {
       expect_matches_reference(pr, DType::bf16);
     }
 }
+
+#if defined(__x86_64__)
+// As Forward.AmxLeavesTheThreadsTileConfiguration, for the backward's products (both schedules run
+// in the calling thread with one worker).
+TEST(BackwardLevels, AmxLeavesTheThreadsTileConfiguration) {
+  if (flashattn::cpu::detected_level() != flashattn::cpu::KernelLevel::amx)
+    GTEST_SKIP() << "this CPU (or OS) offers no AMX-BF16";
+  Case c = make("amx_state", DType::bf16);
+  c.threads = 1;
+  Problem pr(c);
+  const fa_test::TileConfig mine = fa_test::foreign_tile_config();
+  fa_test::load_tile_config(mine);
+  pr.run();
+  const fa_test::TileConfig after = fa_test::current_tile_config();
+  fa_test::release_tiles();
+  EXPECT_EQ(std::memcmp(mine.bytes, after.bytes, 64), 0);
+  expect_matches_reference(pr, DType::bf16);
+  EXPECT_EQ(fa_test::current_tile_config().bytes[0], 0) << "tiles left configured";
+}
+#endif
 
 // ---- semantics of rows and keys that see nothing ------------------------------------------------
 

@@ -3,10 +3,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "cpu/simd.h"
 #include "flashattn/flashattn.hpp"
 #include "test_util.h"
@@ -288,6 +290,26 @@ TEST(Forward, AmxTilesAreAccurate) {
     EXPECT_TRUE(matches_reference(p));
   }
 }
+
+#if defined(__x86_64__)
+// A tile configuration the calling thread had loaded is loaded again after a forward that ran on
+// the tiles in that thread (one thread: the caller runs the task); none loaded stays none.
+TEST(Forward, AmxLeavesTheThreadsTileConfiguration) {
+  if (flashattn::cpu::detected_level() != flashattn::cpu::KernelLevel::amx)
+    GTEST_SKIP() << "this CPU (or OS) offers no AMX-BF16";
+  Shape s{.dtype = DType::bf16, .sq = 100, .sk = 130, .hq = 2, .d = 64, .causal = true, .threads = 1};
+  Problem p = make_problem(s, 77);
+  const fa_test::TileConfig mine = fa_test::foreign_tile_config();
+  fa_test::load_tile_config(mine);
+  flashattn::forward(p.args);
+  const fa_test::TileConfig after = fa_test::current_tile_config();
+  fa_test::release_tiles();
+  EXPECT_EQ(std::memcmp(mine.bytes, after.bytes, 64), 0);
+  flashattn::forward(p.args);
+  EXPECT_EQ(fa_test::current_tile_config().bytes[0], 0) << "tiles left configured";
+  EXPECT_TRUE(matches_reference(p));
+}
+#endif
 
 TEST(Forward, UnknownKernelLevelIsAnError) {
   setenv("FLASHATTN_CPU_KERNEL", "sse9", 1);
