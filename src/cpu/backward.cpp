@@ -125,8 +125,9 @@ struct Scratch {
   std::vector<Acc> lse, delta;
   std::vector<int64_t> lo, hi;
   std::vector<uint16_t> pack;  // the AMX products' operands (bwd::TileStep::pack), when they run
-  std::vector<uint16_t> q16, dout16, k16, v16;     // the AMX fused step's Q, dO, K and V rows
-  std::vector<uint32_t> kt_words, vt_words, k_words;  // and its key tile's packs
+  std::vector<uint16_t> q16, dout16, k16, v16;     // the AMX steps' Q, dO, K and V rows
+  std::vector<uint32_t> kt_words, vt_words, k_words;  // the key tile's packs
+  std::vector<uint32_t> qt_words, dot_words;          // the query tile's (two-pass dQ)
 
   Scratch(int64_t tile, int64_t d, bool amx)
       : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
@@ -136,7 +137,8 @@ struct Scratch {
         pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0), q16(amx ? size_t(tile * d) : 0),
         dout16(amx ? size_t(tile * d) : 0), k16(amx ? size_t(tile * d) : 0), v16(amx ? size_t(tile * d) : 0),
         kt_words(amx ? size_t(tile * d / 2) : 0),
-        vt_words(amx ? size_t(tile * d / 2) : 0), k_words(amx ? size_t(tile * d / 2) : 0) {}
+        vt_words(amx ? size_t(tile * d / 2) : 0), k_words(amx ? size_t(tile * d / 2) : 0),
+        qt_words(amx ? size_t(tile * d / 2) : 0), dot_words(amx ? size_t(tile * d / 2) : 0) {}
 };
 
 // G: the gradient accumulators' type (bwd::TileStep): double, or float with the AMX products.
@@ -236,6 +238,8 @@ class Backward {
     st.kt_words = w.kt_words.data();
     st.vt_words = w.vt_words.data();
     st.k_words = w.k_words.data();
+    st.qt_words = w.qt_words.data();
+    st.dot_words = w.dot_words.data();
     return st;
   }
 
@@ -253,10 +257,10 @@ class Backward {
   }
 
   // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
-  // key range. rows16: Q and dO stay bf16 rows, for the AMX fused step.
+  // key range. With the AMX products, Q and dO stay bf16 rows (their steps pack what they need).
   void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
-                       Scratch<Acc, G>& w, bool rows16 = false) const {
-    if (rows16) {
+                       Scratch<Acc, G>& w) const {
+    if constexpr (kAmx) {
       copy_rows16(w.q16.data(), p_.q, p_.q_s, b, s.q_tok0 + r0, rows, h);
       copy_rows16(w.dout16.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h);
     } else {
@@ -278,10 +282,16 @@ class Backward {
     std::fill(dst + rows * d_, dst + tile_ * d_, uint16_t(0));
   }
 
-  // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks).
+  // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks); bf16 rows with the AMX
+  // products.
   void load_key_tile(const Seq& s, int64_t b, int64_t hk, int64_t c0, int64_t cols, bool transposed,
                      Scratch<Acc, G>& w) const {
-    load_pair(w.k.data(), p_.k, p_.k_s, w.v.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk, transposed);
+    if constexpr (kAmx) {
+      copy_rows16(w.k16.data(), p_.k, p_.k_s, b, s.k_tok0 + c0, cols, hk);
+      copy_rows16(w.v16.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk);
+    } else {
+      load_pair(w.k.data(), p_.k, p_.k_s, w.v.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk, transposed);
+    }
   }
 
   // Pass 1: the row statistics of one query tile, then its dQ over the key tiles it sees.
@@ -293,6 +303,7 @@ class Backward {
     tile_statistics(s, t.head, r0, rows, w);
     std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
     bwd::TileStep<Acc, G> st = step_for(w, true);
+    if (ops_.query_tile) ops_.query_tile(st);
     const core::TileRange range = core::tile_range(mask_of(s), r0, r0 + rows, tile_);
     for (int64_t n = range.n_begin; n < range.n_end; ++n) {
       load_key_tile(s, t.b, hk, n * tile_, std::min(tile_, s.sk - n * tile_), false, w);
@@ -313,6 +324,7 @@ class Backward {
     std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
     std::fill(w.acc_v.begin(), w.acc_v.end(), G(0));
     bwd::TileStep<Acc, G> st = step_for(w, false);
+    if (ops_.key_tile) ops_.key_tile(st);
     st.n0 = c0;
     const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
     for (int64_t h = t.head * p_.group(); h < (t.head + 1) * p_.group(); ++h) {
@@ -345,14 +357,9 @@ class Backward {
     st.k = w.k_rows.data();
     for (int64_t c0 = 0; c0 < s.sk; c0 += tile_) {
       const int64_t cols = std::min(tile_, s.sk - c0), n = c0 / tile_;
-      if (ops_.key_tile) {  // the AMX fused step: K and V stay bf16 rows, packed once here
-        copy_rows16(w.k16.data(), p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head);
-        copy_rows16(w.v16.data(), p_.v, p_.v_s, t.b, s.k_tok0 + c0, cols, t.head);
-        ops_.key_tile(st);
-      } else {
-        load_key_tile(s, t.b, t.head, c0, cols, true, w);
-        load_tile<T>(w.k_rows.data(), tile_, p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head, d_);
-      }
+      load_key_tile(s, t.b, t.head, c0, cols, true, w);
+      if constexpr (kAmx) ops_.key_tile(st);
+      else load_tile<T>(w.k_rows.data(), tile_, p_.k, p_.k_s, t.b, s.k_tok0 + c0, cols, t.head, d_);
       std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
       std::fill(w.acc_v.begin(), w.acc_v.end(), G(0));
       st.n0 = c0;
@@ -362,7 +369,7 @@ class Backward {
           const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
           const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
           if (n < range.n_begin || n >= range.n_end) continue;
-          load_query_tile(s, t.b, h, r0, rows, false, w, ops_.key_tile != nullptr);
+          load_query_tile(s, t.b, h, r0, rows, false, w);
           tile_statistics(s, h, r0, rows, w);
           st.masked = range.needs_mask(n);
           st.dq = w.acc_q.data() + (h - h0) * per_head + r0 * d_;
@@ -408,6 +415,7 @@ class Backward {
   }
 
   static constexpr int64_t kMaxDqBytes = int64_t(64) << 20;
+  static constexpr bool kAmx = std::is_same_v<G, float>;  // the AMX products (tile_ops)
 
   const core::BackwardParams& p_;
   const bwd::TileOps<Acc, G> ops_;

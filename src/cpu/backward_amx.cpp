@@ -1,11 +1,13 @@
 // The backward tile arithmetic of bf16 problems on AMX tiles (the build gives *_amx.cpp files the
 // AVX-512, AVX512-BF16 and AMX flags); backward.cpp calls it only when the engine's level is amx,
-// the problem is bf16 and the head dim a multiple of 32. The step is backward_tile_impl.h's, with
-// its five products as tile products: each operand is converted to bf16 into the step's pack
-// scratch (exact for Q, K, V and dO, which are bf16 values widened; P and dS are rounded), in the
-// forms the tiles want: A row-major [m][k], B as VNNI words [k/2][n] (the bf16 pair of rows 2r and
-// 2r + 1 of each column in one 32-bit word). The tiles write the step's fp32 score tiles and add
-// into its fp32 gradient accumulators in place (TileStep<float, float>).
+// the problem is bf16 and the head dim a multiple of 32. The steps are backward_tile_impl.h's
+// (its softmax and dS arithmetic on the fp32 score tiles) with the five products as tile products,
+// each operand in the form the tiles want: A as bf16 rows [m][k], B as VNNI words [k/2][n] (the
+// bf16 pair of rows 2r and 2r + 1 of each column in one 32-bit word). Q, K, V and dO arrive as
+// their bf16 rows (exact); the fixed tile of a task is packed once (TileOps::key_tile,
+// query_tile), the streamed one per step; P and dS are rounded to bf16 where they enter a product.
+// The tiles write the fp32 score tiles and add into the fp32 gradient accumulators in place
+// (TileStep<float, float>).
 #if defined(__x86_64__)
 
 // GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
@@ -46,13 +48,6 @@ void pack_a(const float* a, int64_t m, int64_t k, uint16_t* out) {
         for (int q = 0; q < 16; ++q) _mm512_storeu_si512(words + (i0 + q) * pairs + p0, r[q]);
       }
   }
-}
-
-// B [k][n] row-major -> VNNI words [k/2][n].
-void pack_b(const float* b, int64_t k, int64_t n, uint32_t* out) {
-  for (int64_t r = 0; r < k / 2; ++r)
-    for (int64_t c = 0; c < n; c += 16)
-      _mm512_storeu_si512(out + r * n + c, pair_words(_mm512_loadu_ps(b + 2 * r * n + c), _mm512_loadu_ps(b + (2 * r + 1) * n + c)));
 }
 
 // C[32][32] block (i, j) of C[m][n] (+)= A B: tiles 0-3 the four 16 x 16 blocks of C, loaded from
@@ -96,21 +91,6 @@ void product(const uint16_t* a, const uint32_t* b, float* c, int64_t m, int64_t 
     for (int64_t j = 0; j < n; j += 32) block_product(a, b, k, n, i, j, c, accumulate);
 }
 
-struct AmxGemm {
-  // C[m][n] (+)= op(A)[m][k] B[k][n], as SimdGemm's, with every C in fp32 (scores, dP and the
-  // fp32 gradient accumulators): accumulating, the tiles start from C and the sums go on in them.
-  // m, n, k multiples of 32.
-  template <bool TransA>
-  static void run(const TileStep<float, float>& st, const float* a, const float* b, float* c, int64_t m, int64_t n,
-                  int64_t k, bool accumulate) {
-    uint16_t* ab = st.pack;
-    auto* bv = reinterpret_cast<uint32_t*>(st.pack + m * k);
-    pack_a<TransA>(a, m, k, ab);
-    pack_b(b, k, n, bv);
-    product(ab, bv, c, m, n, k, accumulate);
-  }
-};
-
 // x [m][n] bf16 rows -> VNNI words [m/2][n]: word (r, c) = (x[2r][c], x[2r + 1][c]).
 void pair_rows(const uint16_t* x, int64_t m, int64_t n, uint32_t* out) {
   alignas(64) static constexpr uint16_t kLow[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
@@ -133,11 +113,20 @@ void key_tile(const TileStep<float, float>& st) {
   pair_rows(st.k16, st.bn, st.d, st.k_words);
 }
 
-// The fused step (backward_tile_impl.h's fused_step) on operands already in the tiles' forms where
-// they can be: Q and dO as bf16 rows (the A of S and dP; paired into words for dK and dV), the key
-// tile's VNNI words. The same bf16 values meet in the same roles as in AmxGemm's products, so the
-// results are bitwise those of the two passes.
-void amx_fused_step(const TileStep<float, float>& st) {
+// The query tile's B operands, once per dQ task (TileOps::query_tile), from its bf16 rows.
+void query_tile(const TileStep<float, float>& st) {
+  transpose_words(st.q16, st.bm, st.d, st.qt_words, st.bm);
+  transpose_words(st.dout16, st.bm, st.d, st.dot_words, st.bm);
+}
+
+// backward_tile_impl.h's steps on operands already in the tiles' forms where they can be: Q, dO,
+// K and V as bf16 rows (the A of S, dP and their transposes; paired into words where they are a
+// B), the fixed tile's VNNI words. The same bf16 values meet in the same roles in all three steps
+// (S^T = K Q^T takes each product S = Q K^T does), so the one-pass and the two-pass schedules
+// give bitwise the same gradients.
+
+// The key tile's view: dV += P^T dO and dK += dS^T Q.
+void amx_dkdv_step(const TileStep<float, float>& st) {
   const int64_t bm = st.bm, bn = st.bn, d = st.d;
   uint16_t* a = st.pack;                                       // [tile][tile]: P^T, dS^T, dS
   auto* words = reinterpret_cast<uint32_t*>(st.pack + bm * bn);  // [bm/2][d]: dO, then Q
@@ -151,8 +140,26 @@ void amx_fused_step(const TileStep<float, float>& st) {
   pack_a<true>(st.p, bn, bm, a);
   pair_rows(st.q16, bm, d, words);
   product(a, words, st.dk, bn, d, bm, true);  // dK += dS^T Q
-  pack_a<false>(st.p, bm, bn, a);
-  product(a, st.k_words, st.dq, bm, d, bn, true);  // dQ += dS K
+}
+
+// Both views from one dS, for a task that owns dQ of every query row of its KV head group.
+void amx_fused_step(const TileStep<float, float>& st) {
+  amx_dkdv_step(st);
+  pack_a<false>(st.p, st.bm, st.bn, st.pack);
+  product(st.pack, st.k_words, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+}
+
+// The query tile's view: S^T = K Q^T, dP^T = V dO^T, dQ += dS K.
+void amx_dq_step(const TileStep<float, float>& st) {
+  const int64_t bm = st.bm, bn = st.bn, d = st.d;
+  auto* words = reinterpret_cast<uint32_t*>(st.pack + bm * bn);  // [bn/2][d]: K
+  product(st.k16, st.qt_words, st.p, bn, bm, d, false);  // S^T = K Q^T
+  probabilities<true, float, 16>(st);
+  product(st.v16, st.dot_words, st.dp, bn, bm, d, false);  // dP^T = V dO^T
+  score_grad<true, float>(st);
+  pack_a<true>(st.p, bm, bn, st.pack);
+  pair_rows(st.k16, bn, d, words);
+  product(st.pack, words, st.dq, bm, d, bn, true);  // dQ += dS K
 }
 
 // A step between loading our tile configuration and restoring the thread's.
@@ -168,9 +175,8 @@ void on_tiles(const TileStep<float, float>& st) {
 }  // namespace
 
 TileOps<float, float> amx_ops_f32() {
-  return TileOps<float, float>{&on_tiles<&dkdv_step<float, float, 16, AmxGemm>>,
-                               &on_tiles<&dq_step<float, float, 16, AmxGemm>>, &on_tiles<&amx_fused_step>,
-                               &key_tile};
+  return TileOps<float, float>{&on_tiles<&amx_dkdv_step>, &on_tiles<&amx_dq_step>, &on_tiles<&amx_fused_step>,
+                               &key_tile, &query_tile};
 }
 
 }  // namespace flashattn::cpu::bwd

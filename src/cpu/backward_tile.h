@@ -42,9 +42,10 @@ struct TileStep {
   T* dp = nullptr;     // scratch: dP
   T* deriv = nullptr;  // scratch: 1 - tanh^2 (softcap only)
   uint16_t* pack = nullptr;  // scratch of the AMX products: 2 x tile x max(d, tile) bf16 values
-  // The AMX fused step (backward_amx.cpp) reads Q and dO as bf16 rows [bm][d] instead of q and
-  // dout, and the key tile's B operands as VNNI words that TileOps::key_tile packs once per key
-  // tile from its bf16 rows k16 and v16 [bn][d]: K^T [d/2][bn], V^T [d/2][bn] and K [bn/2][d].
+  // The AMX steps (backward_amx.cpp) read Q, dO, K and V as bf16 rows [bm or bn][d] instead of the
+  // float tiles, and the fixed tile's B operands as VNNI words, packed once per tile by
+  // TileOps::key_tile (K^T [d/2][bn], V^T [d/2][bn], K [bn/2][d]) or TileOps::query_tile (Q^T and
+  // dO^T [d/2][bm]).
   const uint16_t* q16 = nullptr;
   const uint16_t* dout16 = nullptr;
   const uint16_t* k16 = nullptr;
@@ -52,6 +53,8 @@ struct TileStep {
   uint32_t* kt_words = nullptr;
   uint32_t* vt_words = nullptr;
   uint32_t* k_words = nullptr;
+  uint32_t* qt_words = nullptr;
+  uint32_t* dot_words = nullptr;
   // Gradient accumulators, unscaled (the caller multiplies by the softmax scale). Double even for
   // float math: each step adds one tile's float sums, so the rounding of a gradient stays that of
   // one tile's sum instead of growing with the sequence length. The AMX products' fp32 instead
@@ -66,9 +69,10 @@ struct TileOps {
   void (*dkdv)(const TileStep<T, G>&);  // dV += P^T dO, dK += dS^T Q
   void (*dq)(const TileStep<T, G>&);    // dQ += dS K
   void (*fused)(const TileStep<T, G>&);  // all three, in the key tile's view
-  // Set by the AMX products only: the fused step's per-key-tile packs (TileStep::kt_words etc.),
-  // run once a key tile is loaded; their fused step then takes Q and dO as bf16 rows.
+  // Set by the AMX products only, whose steps take bf16 rows: the packs of a key tile (run once it
+  // is loaded, for the fused and dK/dV steps) and of a query tile (for the dQ steps).
   void (*key_tile)(const TileStep<T, G>&) = nullptr;
+  void (*query_tile)(const TileStep<T, G>&) = nullptr;
 };
 
 TileOps<float> portable_ops_f32();

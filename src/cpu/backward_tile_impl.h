@@ -209,55 +209,43 @@ void score_grad(const TileStep<T, G>& st) {
     for (int64_t e = 0; e < t.rows * t.cols; ++e) st.p[e] *= st.deriv[e];
 }
 
-// The register-blocked products above, as the steps' product policy.
-template <int W, int NV>
-struct SimdGemm {
-  template <bool TransA, class T, class G, class C>
-  static void run(const TileStep<T, G>&, const T* a, const T* b, C* c, int64_t m, int64_t n, int64_t k,
-                  bool accumulate) {
-    gemm<TransA, T, W, NV>(a, b, c, m, n, k, accumulate);
-  }
-};
-
 // The key tile's view: S = Q K^T, dP = dO V^T in [bm][bn], so that the key-side products
-// dV += P^T dO and dK += dS^T Q read P and dS transposed in place. G runs the products (SimdGemm,
-// or backward_amx.cpp's tile products); A is the accumulators' type (TileStep).
-template <class T, class A, int W, class G>
-void dkdv_step(const TileStep<T, A>& st) {
-  G::template run<false>(st, st.q, st.kt, st.p, st.bm, st.bn, st.d, false);  // S = Q K^T
+// dV += P^T dO and dK += dS^T Q read P and dS transposed in place.
+template <class T, int W, int NV>
+void dkdv_step(const TileStep<T>& st) {
+  gemm<false, T, W, NV>(st.q, st.kt, st.p, st.bm, st.bn, st.d, false);  // S = Q K^T
   probabilities<false, T, W>(st);
-  G::template run<true>(st, st.p, st.dout, st.dv, st.bn, st.d, st.bm, true);  // dV += P^T dO
-  G::template run<false>(st, st.dout, st.vt, st.dp, st.bm, st.bn, st.d, false);  // dP = dO V^T
+  gemm<true, T, W, NV>(st.p, st.dout, st.dv, st.bn, st.d, st.bm, true);  // dV += P^T dO
+  gemm<false, T, W, NV>(st.dout, st.vt, st.dp, st.bm, st.bn, st.d, false);  // dP = dO V^T
   score_grad<false, T>(st);
-  G::template run<true>(st, st.p, st.q, st.dk, st.bn, st.d, st.bm, true);  // dK += dS^T Q
+  gemm<true, T, W, NV>(st.p, st.q, st.dk, st.bn, st.d, st.bm, true);  // dK += dS^T Q
 }
 
 // The query tile's view: S^T = K Q^T, dP^T = V dO^T in [bn][bm], so that the key and value tiles
 // it streams are plain row copies and dQ += dS K reads dS^T transposed in place.
-template <class T, class A, int W, class G>
-void dq_step(const TileStep<T, A>& st) {
-  G::template run<false>(st, st.k, st.qt, st.p, st.bn, st.bm, st.d, false);  // S^T = K Q^T
+template <class T, int W, int NV>
+void dq_step(const TileStep<T>& st) {
+  gemm<false, T, W, NV>(st.k, st.qt, st.p, st.bn, st.bm, st.d, false);  // S^T = K Q^T
   probabilities<true, T, W>(st);
-  G::template run<false>(st, st.v, st.dot, st.dp, st.bn, st.bm, st.d, false);  // dP^T = V dO^T
+  gemm<false, T, W, NV>(st.v, st.dot, st.dp, st.bn, st.bm, st.d, false);  // dP^T = V dO^T
   score_grad<true, T>(st);
-  G::template run<true>(st, st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+  gemm<true, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
 // Both sides of a pair at once, for a task that owns dQ of every query row of its KV head group:
 // the key tile's view (dkdv_step), then dQ += dS K from the same dS, K row-major in st.k. The same
 // products in the same order as dq_step's, so the gradients are bitwise those of the two passes.
-template <class T, class A, int W, class G>
-void fused_step(const TileStep<T, A>& st) {
-  dkdv_step<T, A, W, G>(st);
-  G::template run<false>(st, st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+template <class T, int W, int NV>
+void fused_step(const TileStep<T>& st) {
+  dkdv_step<T, W, NV>(st);
+  gemm<false, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
 // W lanes per vector and NV vectors per register-block row: kMR * NV accumulators plus NV loads
 // and a broadcast must fit the ISA's registers.
 template <class T, int W, int NV>
 TileOps<T> make_ops() {
-  using G = SimdGemm<W, NV>;
-  return TileOps<T>{&dkdv_step<T, double, W, G>, &dq_step<T, double, W, G>, &fused_step<T, double, W, G>};
+  return TileOps<T>{&dkdv_step<T, W, NV>, &dq_step<T, W, NV>, &fused_step<T, W, NV>};
 }
 
 }  // namespace
