@@ -66,19 +66,21 @@ inline int64_t packed_stride(int64_t d, int64_t elem_bytes) {
 }
 
 // One worker's scratch space: O(block_m * d + block_n * d) values. block_m query rows at most per
-// tile, block_n keys per key tile (kBlockN, or the AMX path's own).
+// tile, block_n keys per key tile (kBlockN, or the AMX path's own). The AMX path brings its
+// operands in its own forms (amx_engine.h) and has no use for the float Q^T, K and V tiles.
 template <class T>
 struct Workspace {
-  explicit Workspace(int64_t head_dim, int64_t rows_per_tile = 0, int64_t keys_per_tile = kBlockN)
+  explicit Workspace(int64_t head_dim, int64_t rows_per_tile = 0, int64_t keys_per_tile = kBlockN,
+                     bool float_operands = true)
       : d(head_dim),
         ld(packed_stride(head_dim, sizeof(T))),
         block_m(rows_per_tile > 0 ? rows_per_tile : block_rows(head_dim)),
         block_n(keys_per_tile),
-        qt(d * block_m),
+        qt(float_operands ? d * block_m : 0),
         ot(d * block_m),
         st(block_n * block_m),
-        kt(block_n * ld),
-        vt(block_n * ld) {}
+        kt(float_operands ? block_n * ld : 0),
+        vt(float_operands ? block_n * ld : 0) {}
   int64_t d, ld, block_m, block_n;
   AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [block_n][mpad]
   AlignedArray<T> kt, vt;      // the current key / value tile, [block_n][ld]

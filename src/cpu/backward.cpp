@@ -129,10 +129,11 @@ struct Scratch {
   std::vector<uint32_t> kt_words, vt_words, k_words;  // the key tile's packs
   std::vector<uint32_t> qt_words, dot_words;          // the query tile's (two-pass dQ)
 
+  // amx: the AMX products, which take 16-bit rows and their own packs, not the float Q, dO, K, V.
   Scratch(int64_t tile, int64_t d, bool amx)
-      : q(size_t(tile * d)), dout(size_t(tile * d)), k(size_t(tile * d)), v(size_t(tile * d)),
-        p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
-        k_rows(size_t(tile * d)), acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
+      : q(amx ? 0 : size_t(tile * d)), dout(amx ? 0 : size_t(tile * d)), k(amx ? 0 : size_t(tile * d)),
+        v(amx ? 0 : size_t(tile * d)), p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
+        k_rows(amx ? 0 : size_t(tile * d)), acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
         delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)),
         pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0), q16(amx ? size_t(tile * d) : 0),
         dout16(amx ? size_t(tile * d) : 0), k16(amx ? size_t(tile * d) : 0), v16(amx ? size_t(tile * d) : 0),
