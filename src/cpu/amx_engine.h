@@ -173,4 +173,20 @@ void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const
   }
 }
 
+// The query tile's rows out: o~ / l (core::finalize_scale) rounded to bf16 by the AMX kernels'
+// 16 x 16 transposes into out_row(i), and each row's lse through store_lse(i, lse).
+template <class OutRow, class StoreLse>
+void finish_amx(const Workspace<float>& ws, const AmxKernels& amx, const TileConfig<float>& cfg, const OutRow& out_row,
+                const StoreLse& store_lse) {
+  alignas(64) float scale[kMaxTileRows];
+  void* rows[kMaxTileRows];
+  for (int64_t i = 0; i < ws.mpad; ++i) {
+    const bool real = i < ws.rows;
+    scale[i] = real ? core::finalize_scale(ws.l[i]) : 0.f;
+    rows[i] = real ? static_cast<void*>(out_row(i)) : nullptr;
+    if (real) store_lse(i, row_lse(ws, cfg, i));
+  }
+  amx.finish(ws.ot.get(), ws.mpad, ws.mpad, ws.d, scale, rows);
+}
+
 }  // namespace flashattn::cpu

@@ -130,16 +130,7 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
           reset_tile(ws, kern.row_align, cfg, r1 - r0, pos);
           prefetch_rows(out_row, r1 - r0, d * esize, true);  // written at the end of the tile
           attend_amx(ws, *aslot, *amx, kern, cfg, tr, q_row, key_rows, s.sk, task.b, hk, kMaxPackBytes);
-          // Each row's o~ / l (core::finalize_scale) and lse, rows rounded to bf16 in 16 x 16 blocks.
-          alignas(64) float scale[kMaxTileRows];
-          void* rows[kMaxTileRows];
-          for (int64_t i = 0; i < ws.mpad; ++i) {
-            const bool real = i < ws.rows;
-            scale[i] = real ? core::finalize_scale(ws.l[i]) : 0.f;
-            rows[i] = real ? out_row(i) : nullptr;
-            if (real) store_lse(i, row_lse(ws, cfg, i));
-          }
-          amx->finish(ws.ot.get(), ws.mpad, ws.mpad, d, scale, rows);
+          finish_amx(ws, *amx, cfg, out_row, store_lse);
           continue;
         }
       }
