@@ -218,9 +218,10 @@ inline int64_t tile_keys(int64_t seqlen_k, int64_t n, int64_t block_n) {
 
 // Streams key tiles [n_begin, n_end) of a sequence with seqlen_k keys through the current query
 // tile; `range` says which of them need the element-wise mask; tiles(k0, nk) returns keys [k0, k0 +
-// nk) as a tile with the two products (PackedTile, or the AMX tile of forward.cpp). On a tile that only some rows can
-// see (the diagonal of a causal mask, the edges of a window) the products and the softmax run on
-// those rows alone, rounded out to whole vectors: the others would take P = 0 and f = 1.
+// nk) as a tile with the two products and the softmax (PackedTile, or amx_engine.h's AmxTile). On
+// a tile that only some rows can see (the diagonal of a causal mask, the edges of a window) the
+// products and the softmax run on those rows alone, rounded out to whole vectors: the others would
+// take P = 0 and f = 1.
 template <class T, class KeyTiles>
 void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const core::TileRange& range,
                   int64_t n_begin, int64_t n_end, const KeyTiles& tiles) {

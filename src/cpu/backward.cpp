@@ -120,6 +120,7 @@ template <class Acc, class G>
 struct Scratch {
   // Q, dO and K, V tiles: each pass keeps one pair transposed (see bwd::TileStep); the one-pass
   // schedule also keeps K row-major (k_rows) and dQ of its task's rows (acc_q, sized per task).
+  // The AMX products use the 16-bit rows and packs below instead of the float operand tiles.
   std::vector<Acc> q, dout, k, v, p, dp, deriv, k_rows;
   std::vector<G> acc_k, acc_v, acc_q;
   std::vector<Acc> lse, delta;
@@ -131,15 +132,16 @@ struct Scratch {
 
   // amx: the AMX products, which take 16-bit rows and their own packs, not the float Q, dO, K, V.
   Scratch(int64_t tile, int64_t d, bool amx)
-      : q(amx ? 0 : size_t(tile * d)), dout(amx ? 0 : size_t(tile * d)), k(amx ? 0 : size_t(tile * d)),
-        v(amx ? 0 : size_t(tile * d)), p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)),
-        k_rows(amx ? 0 : size_t(tile * d)), acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)),
-        delta(size_t(tile)), lo(size_t(tile)), hi(size_t(tile)),
-        pack(amx ? size_t(2 * tile * std::max(tile, d)) : 0), q16(amx ? size_t(tile * d) : 0),
-        dout16(amx ? size_t(tile * d) : 0), k16(amx ? size_t(tile * d) : 0), v16(amx ? size_t(tile * d) : 0),
-        kt_words(amx ? size_t(tile * d / 2) : 0),
-        vt_words(amx ? size_t(tile * d / 2) : 0), k_words(amx ? size_t(tile * d / 2) : 0),
-        qt_words(amx ? size_t(tile * d / 2) : 0), dot_words(amx ? size_t(tile * d / 2) : 0) {}
+      : q(when(!amx, tile * d)), dout(when(!amx, tile * d)), k(when(!amx, tile * d)), v(when(!amx, tile * d)),
+        p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)), k_rows(when(!amx, tile * d)),
+        acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)), delta(size_t(tile)), lo(size_t(tile)),
+        hi(size_t(tile)), pack(when(amx, 2 * tile * std::max(tile, d))), q16(when(amx, tile * d)),
+        dout16(when(amx, tile * d)), k16(when(amx, tile * d)), v16(when(amx, tile * d)),
+        kt_words(when(amx, tile * d / 2)), vt_words(when(amx, tile * d / 2)), k_words(when(amx, tile * d / 2)),
+        qt_words(when(amx, tile * d / 2)), dot_words(when(amx, tile * d / 2)) {}
+
+ private:
+  static size_t when(bool used, int64_t n) { return used ? size_t(n) : 0; }
 };
 
 // G: the gradient accumulators' type (bwd::TileStep): double, or float with the AMX products.
@@ -245,32 +247,21 @@ class Backward {
   }
 
   // Rows [tok0, tok0 + rows) of head h of two tensors (Q and dO, or K and V) into dst_x and dst_y,
-  // transposed when the task owns them and row-major when they stream (see bwd::TileStep).
-  void load_pair(Acc* dst_x, const void* x, const core::Strides& xs, Acc* dst_y, const void* y,
-                 const core::Strides& ys, int64_t b, int64_t tok0, int64_t rows, int64_t h, bool transposed) const {
-    if (transposed) {
+  // transposed when the task owns them and row-major when they stream (see bwd::TileStep). With
+  // the AMX products they go as the 16-bit rows they are into dst_x16 and dst_y16 instead (the
+  // steps and the tile hooks pack what they need from those).
+  void load_pair(Acc* dst_x, uint16_t* dst_x16, const void* x, const core::Strides& xs, Acc* dst_y,
+                 uint16_t* dst_y16, const void* y, const core::Strides& ys, int64_t b, int64_t tok0, int64_t rows,
+                 int64_t h, bool transposed) const {
+    if constexpr (kAmx) {
+      copy_rows16(dst_x16, x, xs, b, tok0, rows, h);
+      copy_rows16(dst_y16, y, ys, b, tok0, rows, h);
+    } else if (transposed) {
       load_tile_transposed<T>(dst_x, tile_, x, xs, b, tok0, rows, h, d_);
       load_tile_transposed<T>(dst_y, tile_, y, ys, b, tok0, rows, h, d_);
     } else {
       load_tile<T>(dst_x, tile_, x, xs, b, tok0, rows, h, d_);
       load_tile<T>(dst_y, tile_, y, ys, b, tok0, rows, h, d_);
-    }
-  }
-
-  // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
-  // key range. With the AMX products, Q and dO stay bf16 rows (their steps pack what they need).
-  void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
-                       Scratch<Acc, G>& w) const {
-    if constexpr (kAmx) {
-      copy_rows16(w.q16.data(), p_.q, p_.q_s, b, s.q_tok0 + r0, rows, h);
-      copy_rows16(w.dout16.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h);
-    } else {
-      load_pair(w.q.data(), p_.q, p_.q_s, w.dout.data(), p_.dout, p_.do_s, b, s.q_tok0 + r0, rows, h, transposed);
-    }
-    const core::MaskSpec mask = mask_of(s);
-    for (int64_t i = 0; i < tile_; ++i) {
-      w.lo[size_t(i)] = mask.lo(r0 + i);
-      w.hi[size_t(i)] = mask.hi(r0 + i);
     }
   }
 
@@ -283,16 +274,24 @@ class Backward {
     std::fill(dst + rows * d_, dst + tile_ * d_, uint16_t(0));
   }
 
-  // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks); bf16 rows with the AMX
-  // products.
+  // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
+  // key range.
+  void load_query_tile(const Seq& s, int64_t b, int64_t h, int64_t r0, int64_t rows, bool transposed,
+                       Scratch<Acc, G>& w) const {
+    load_pair(w.q.data(), w.q16.data(), p_.q, p_.q_s, w.dout.data(), w.dout16.data(), p_.dout, p_.do_s, b,
+              s.q_tok0 + r0, rows, h, transposed);
+    const core::MaskSpec mask = mask_of(s);
+    for (int64_t i = 0; i < tile_; ++i) {
+      w.lo[size_t(i)] = mask.lo(r0 + i);
+      w.hi[size_t(i)] = mask.hi(r0 + i);
+    }
+  }
+
+  // K and V of keys [c0, c0 + cols) of KV head hk (owned by dk/dv tasks).
   void load_key_tile(const Seq& s, int64_t b, int64_t hk, int64_t c0, int64_t cols, bool transposed,
                      Scratch<Acc, G>& w) const {
-    if constexpr (kAmx) {
-      copy_rows16(w.k16.data(), p_.k, p_.k_s, b, s.k_tok0 + c0, cols, hk);
-      copy_rows16(w.v16.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk);
-    } else {
-      load_pair(w.k.data(), p_.k, p_.k_s, w.v.data(), p_.v, p_.v_s, b, s.k_tok0 + c0, cols, hk, transposed);
-    }
+    load_pair(w.k.data(), w.k16.data(), p_.k, p_.k_s, w.v.data(), w.v16.data(), p_.v, p_.v_s, b, s.k_tok0 + c0,
+              cols, hk, transposed);
   }
 
   // Pass 1: the row statistics of one query tile, then its dQ over the key tiles it sees.
@@ -304,7 +303,7 @@ class Backward {
     tile_statistics(s, t.head, r0, rows, w);
     std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
     bwd::TileStep<Acc, G> st = step_for(w, true);
-    if (ops_.query_tile) ops_.query_tile(st);
+    if constexpr (kAmx) ops_.query_tile(st);
     const core::TileRange range = core::tile_range(mask_of(s), r0, r0 + rows, tile_);
     for (int64_t n = range.n_begin; n < range.n_end; ++n) {
       load_key_tile(s, t.b, hk, n * tile_, std::min(tile_, s.sk - n * tile_), false, w);
@@ -325,7 +324,7 @@ class Backward {
     std::fill(w.acc_k.begin(), w.acc_k.end(), G(0));
     std::fill(w.acc_v.begin(), w.acc_v.end(), G(0));
     bwd::TileStep<Acc, G> st = step_for(w, false);
-    if (ops_.key_tile) ops_.key_tile(st);
+    if constexpr (kAmx) ops_.key_tile(st);
     st.n0 = c0;
     const auto [m_begin, m_end] = query_tiles_seeing(mask, c0, c0 + cols);
     for (int64_t h = t.head * p_.group(); h < (t.head + 1) * p_.group(); ++h) {

@@ -10,12 +10,6 @@
 // (TileStep<float, float>).
 #if defined(__x86_64__)
 
-// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
-// reports as "may be used uninitialized" (GCC bug 105593); the values are fully overwritten.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <immintrin.h>
 
 #include "cpu/amx_simd.h"

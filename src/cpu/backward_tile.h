@@ -69,8 +69,8 @@ struct TileOps {
   void (*dkdv)(const TileStep<T, G>&);  // dV += P^T dO, dK += dS^T Q
   void (*dq)(const TileStep<T, G>&);    // dQ += dS K
   void (*fused)(const TileStep<T, G>&);  // all three, in the key tile's view
-  // Set by the AMX products only, whose steps take bf16 rows: the packs of a key tile (run once it
-  // is loaded, for the fused and dK/dV steps) and of a query tile (for the dQ steps).
+  // The AMX products' only (null elsewhere), whose steps take bf16 rows: the packs of a key tile (run
+  // once it is loaded, for the fused and dK/dV steps) and of a query tile (for the dQ steps).
   void (*key_tile)(const TileStep<T, G>&) = nullptr;
   void (*query_tile)(const TileStep<T, G>&) = nullptr;
 };

@@ -2,12 +2,6 @@
 // -mavx512vl (see CMakeLists.txt), so it is called only when the CPU reports all four.
 #if defined(__x86_64__)
 
-// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
-// reports as "may be used uninitialized" (GCC bug 105593); the values are fully overwritten.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <immintrin.h>
 
 #include "cpu/kernel_impl.h"
