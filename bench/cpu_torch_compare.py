@@ -36,7 +36,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--no-backward", action="store_true", help="time the forward alone")
     ap.add_argument("--our-layout", choices=["bshd", "bhsd"], default="bshd",
                     help="memory order of our inputs: FlashAttention's [b, s, h, d] (default), or PyTorch's "
@@ -51,7 +51,7 @@ def main():
     print(f"torch {torch.__version__}, {args.threads} threads, flashattn {flashattn.__version__} "
           f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds, "
           f"ours on {args.our_layout}")
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
     for shape in args.shapes.split(";"):
         b, h, s, d, causal = (int(x) for x in shape.split(","))

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -26,20 +27,32 @@ inline constexpr int64_t kAmxBlockN = 256;
 // A worker's operands in the tiles' forms: Q of the current query tile as VNNI words, the P
 // scratch, and K rows and V^T of one (sequence, KV head), packed once and reused by the worker's
 // next query tiles of that head; a head past max_pack_bytes is packed a key tile at a time instead.
+// For fp16 inputs (split) each operand has its lo half beside it (amx.h), at a fixed offset:
+// lo_q (qv, pv), 32 * d (staged) and capacity (k, vt).
 struct AmxSpace {
-  AmxSpace(int64_t d, int64_t block_m, int64_t block_n)
-      : qv(d / 2 * block_m), pv(block_n / 2 * block_m), staged(32 * d) {}
+  AmxSpace(int64_t d, int64_t block_m, int64_t block_n, bool split_f16)
+      : split(split_f16),
+        lo_q(split ? std::max(d, block_n) / 2 * block_m : 0),
+        qv(d / 2 * block_m + lo_q),
+        pv(block_n / 2 * block_m + lo_q),
+        staged(32 * d * (split ? 3 : 1)) {}
+  bool split;
+  int64_t lo_q;
   AlignedArray<uint32_t> qv, pv;  // [d/2][mpad], [block_n/2][mpad]
-  AlignedArray<uint16_t> staged;  // up to 32 rows copied whole before a transposition
+  AlignedArray<uint16_t> staged;  // up to 32 rows copied whole before a transposition (fp16: then split)
   int64_t b = -1, hk = -1, capacity = 0;
   std::unique_ptr<AlignedArray<uint16_t>> k, vt;  // [keys][d], [d][ldv]
 
   void reserve(int64_t elems) {
     if (k && elems <= capacity) return;
     capacity = elems;
-    k = std::make_unique<AlignedArray<uint16_t>>(capacity);
-    vt = std::make_unique<AlignedArray<uint16_t>>(capacity);
+    k = std::make_unique<AlignedArray<uint16_t>>(capacity * (split ? 2 : 1));
+    vt = std::make_unique<AlignedArray<uint16_t>>(capacity * (split ? 2 : 1));
   }
+  uint32_t* qv_lo() const { return split ? qv.get() + lo_q : nullptr; }
+  uint32_t* pv_lo() const { return split ? pv.get() + lo_q : nullptr; }
+  uint16_t* k_lo() const { return split ? k->get() + capacity : nullptr; }
+  uint16_t* vt_lo() const { return split ? vt->get() + capacity : nullptr; }
 };
 
 // Prefetches the cache lines of n rows of `bytes` bytes each, row(j) for j < n: the tensors' rows
@@ -68,56 +81,76 @@ void stage_rows(const Row& row, int64_t n, int64_t d, uint16_t* staged) {
   }
 }
 
+// The 32 rows at `staged` (fp16 when as.split) as bf16 rows: themselves, or their hi halves, with the
+// lo halves 32 * d further on.
+inline const uint16_t* split_staged(const AmxKernels& amx, const AmxSpace& as, int64_t d) {
+  uint16_t* staged = as.staged.get();
+  if (!as.split) return staged;
+  amx.split_f16(staged, 32 * d, staged + 32 * d, staged + 64 * d);
+  return staged + 32 * d;
+}
+
 // The rows of ws's query tile into qv[r][i] = the bf16 pair (q_i[2r], q_i[2r + 1]), 0 past ws.rows.
 template <class QRow>
 void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, const AmxKernels& amx, AmxSpace& as) {
+  const int64_t d = ws.d;
   for (int64_t i0 = 0; i0 < ws.mpad; i0 += 32) {
-    stage_rows([&](int64_t j) { return q_row(i0 + j); }, ws.rows - i0, ws.d, as.staged.get());
-    amx.pack_q(as.staged.get(), ws.d, as.qv.get(), ws.mpad, i0, ws.mpad - i0 < 32 ? ws.mpad - i0 : 32);
+    const int64_t cols = ws.mpad - i0 < 32 ? ws.mpad - i0 : 32;
+    stage_rows([&](int64_t j) { return q_row(i0 + j); }, ws.rows - i0, d, as.staged.get());
+    const uint16_t* rows = split_staged(amx, as, d);
+    amx.pack_q(rows, d, as.qv.get(), ws.mpad, i0, cols);
+    if (as.split) amx.pack_q(rows + 32 * d, d, as.qv_lo(), ws.mpad, i0, cols);
   }
 }
 
-// Keys [k0, k0 + n) of a head into K rows [n rounded up to block_n][d] and V^T [d][ldv], the
-// padding zero.
+// Keys [k0, k0 + n) of a head into K rows [n rounded up to block_n][d] and V^T [d][ldv] (and their
+// lo halves), the padding zero.
 template <class KeyRows>
-void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block_n, int64_t d, AmxSpace& as,
-                   int64_t ldv) {
-  uint16_t* k = as.k->get();
-  uint16_t* vt = as.vt->get();
+void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block_n, int64_t d, const AmxKernels& amx,
+                   AmxSpace& as, int64_t ldv) {
   const int64_t padded = ceil_div(n, block_n) * block_n;
+  uint16_t* const ks[2] = {as.k->get(), as.k_lo()};
+  uint16_t* const vts[2] = {as.vt->get(), as.vt_lo()};
   for (int64_t j0 = 0; j0 < padded; j0 += 32) {
     const int64_t rows = n - j0 < 32 ? n - j0 : 32;
     prefetch_rows([&](int64_t j) { return key_rows(k0 + j0 + j).first; }, rows, d * 2, false);
     for (int64_t j = j0; j < j0 + 32; ++j) {
-      if (j < n) std::memcpy(k + j * d, key_rows(k0 + j).first, size_t(d) * 2);
-      else std::memset(k + j * d, 0, size_t(d) * 2);
+      if (j >= n) {
+        for (uint16_t* k : ks)
+          if (k) std::memset(k + j * d, 0, size_t(d) * 2);
+      } else if (as.split) {
+        amx.split_f16(static_cast<const uint16_t*>(key_rows(k0 + j).first), d, ks[0] + j * d, ks[1] + j * d);
+      } else {
+        std::memcpy(ks[0] + j * d, key_rows(k0 + j).first, size_t(d) * 2);
+      }
     }
   }
-  const uint16_t* staged = as.staged.get();
   for (int64_t j0 = 0; j0 < padded; j0 += 32) {
     stage_rows([&](int64_t j) { return key_rows(k0 + j0 + j).second; }, n - j0, d, as.staged.get());
-    for (int64_t x = 0; x < d; ++x)
-      for (int64_t j = 0; j < 32; ++j) vt[x * ldv + j0 + j] = staged[j * d + x];
+    const uint16_t* rows = split_staged(amx, as, d);
+    for (int half = 0; half < (as.split ? 2 : 1); ++half, rows += 32 * d)
+      for (int64_t x = 0; x < d; ++x)
+        for (int64_t j = 0; j < 32; ++j) vts[half][x * ldv + j0 + j] = rows[j * d + x];
   }
 }
 
-// A key tile of attend_tiles on the AMX kernels.
+// A key tile of attend_tiles on the AMX kernels. The lo operands are null for bf16 inputs.
 struct AmxTile {
   const AmxKernels* amx;
-  const uint16_t* k;   // the tile's first key row, d apart
-  const uint16_t* vt;  // its first V^T column, ldv apart
+  const uint16_t *k, *k_lo;    // the tile's first key row, d apart
+  const uint16_t *vt, *vt_lo;  // its first V^T column, ldv apart
   int64_t ldv;
-  const uint32_t* qv;
-  uint32_t* pv;
+  const uint32_t *qv, *qv_lo;
+  uint32_t *pv, *pv_lo;
   float mul;  // TileConfig::q_scale, which the float path folds into its Q^T
   void scores(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->scores(k, ws.d, nk, qv + i0, ws.d, rows, ws.mpad, mul, ws.st.get() + i0);
+    amx->scores(k, k_lo, ws.d, nk, qv + i0, qv_lo ? qv_lo + i0 : nullptr, ws.d, rows, ws.mpad, mul, ws.st.get() + i0);
   }
   void softmax(Workspace<float>& ws, const TileKernels<float>&, float c, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0, pv);
+    amx->softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0, pv, pv_lo);
   }
   void accumulate(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->accumulate(vt, ldv, nk, pv, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0);
+    amx->accumulate(vt, vt_lo, ldv, nk, pv, pv_lo, rows, ws.mpad, ws.d, ws.f + i0, ws.ot.get() + i0);
   }
 };
 
@@ -144,37 +177,38 @@ void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const
   const int64_t d = ws.d, bn = ws.block_n;
   pack_amx_queries(ws, q_row, amx, as);
   const AmxScope scope(amx);
-  AmxTile tile{&amx, nullptr, nullptr, 0, as.qv.get(), as.pv.get(), cfg.q_scale};
+  AmxTile tile{&amx, nullptr, nullptr, nullptr, nullptr, 0, as.qv.get(), as.qv_lo(), as.pv.get(), as.pv_lo(),
+               cfg.q_scale};
+  auto place = [&](int64_t key, int64_t ldv) {
+    tile.k = as.k->get() + key * d;
+    tile.k_lo = as.split ? as.k_lo() + key * d : nullptr;
+    tile.vt = as.vt->get() + key;
+    tile.vt_lo = as.split ? as.vt_lo() + key : nullptr;
+    tile.ldv = ldv;
+    return tile;
+  };
   const int64_t padded = ceil_div(sk, bn) * bn, head_ldv = packed_stride(padded, 2);
-  if ((padded + head_ldv) * d * 2 <= max_pack_bytes) {
+  if ((padded + head_ldv) * d * 2 * (as.split ? 2 : 1) <= max_pack_bytes) {
     as.reserve(head_ldv * d);
     if (as.b != b || as.hk != hk) {
-      pack_amx_keys(key_rows, 0, sk, bn, d, as, head_ldv);
+      pack_amx_keys(key_rows, 0, sk, bn, d, amx, as, head_ldv);
       as.b = b;
       as.hk = hk;
     }
-    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t) {
-      tile.k = as.k->get() + k0 * d;
-      tile.vt = as.vt->get() + k0;
-      tile.ldv = head_ldv;
-      return tile;
-    });
+    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t) { return place(k0, head_ldv); });
   } else {
     const int64_t tile_ldv = packed_stride(bn, 2);
     as.reserve(tile_ldv * d);
     as.b = -1;  // the buffers no longer hold a whole head
     attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t nk) {
-      pack_amx_keys(key_rows, k0, nk, bn, d, as, tile_ldv);
-      tile.k = as.k->get();
-      tile.vt = as.vt->get();
-      tile.ldv = tile_ldv;
-      return tile;
+      pack_amx_keys(key_rows, k0, nk, bn, d, amx, as, tile_ldv);
+      return place(0, tile_ldv);
     });
   }
 }
 
-// The query tile's rows out: o~ / l (core::finalize_scale) rounded to bf16 by the AMX kernels'
-// 16 x 16 transposes into out_row(i), and each row's lse through store_lse(i, lse).
+// The query tile's rows out: o~ / l (core::finalize_scale) rounded to bf16 or fp16 by the AMX
+// kernels' 16 x 16 transposes into out_row(i), and each row's lse through store_lse(i, lse).
 template <class OutRow, class StoreLse>
 void finish_amx(const Workspace<float>& ws, const AmxKernels& amx, const TileConfig<float>& cfg, const OutRow& out_row,
                 const StoreLse& store_lse) {
@@ -186,7 +220,7 @@ void finish_amx(const Workspace<float>& ws, const AmxKernels& amx, const TileCon
     rows[i] = real ? static_cast<void*>(out_row(i)) : nullptr;
     if (real) store_lse(i, row_lse(ws, cfg, i));
   }
-  amx.finish(ws.ot.get(), ws.mpad, ws.mpad, ws.d, scale, rows);
+  amx.finish(ws.ot.get(), ws.mpad, ws.mpad, ws.d, scale, cfg.dtype == DType::f16, rows);
 }
 
 }  // namespace flashattn::cpu

@@ -16,6 +16,30 @@ inline __m512i pair_words(__m512 even, __m512 odd) {
   return _mm512_permutexvar_epi16(_mm512_load_si512(kAmxPairInterleave), (__m512i)_mm512_cvtne2ps_pbh(odd, even));
 }
 
+// 16 bf16 values -> fp32 (exact: a bf16 value is the top half of an fp32 one).
+inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+// x = hi + lo with hi = bf16(x) and lo = bf16(x - hi), both rounded to nearest even: the two bf16
+// halves of an fp16 operand (amx.h), whose sum is x exactly for every finite fp16 value (x - hi is
+// exact in fp32 and has at most 4 significant bits). An infinite x keeps lo = 0, so hi + lo stays
+// infinite instead of turning NaN.
+inline void split_bf16(__m512 x, __m256i* hi, __m256i* lo) {
+  *hi = (__m256i)_mm512_cvtneps_pbh(x);
+  const __m512 h = widen_bf16(*hi);
+  const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(h, 0x18));  // 0x18: +-inf
+  *lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(finite, x, h));
+}
+
+// As pair_words, for the hi and lo halves of each value (split_bf16).
+inline void split_pair_words(__m512 even, __m512 odd, __m512i* hi, __m512i* lo) {
+  __m256i even_hi, even_lo, odd_hi, odd_lo;
+  split_bf16(even, &even_hi, &even_lo);
+  split_bf16(odd, &odd_hi, &odd_lo);
+  const __m512i idx = _mm512_load_si512(kAmxPairInterleave);
+  *hi = _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(even_hi), odd_hi, 1));
+  *lo = _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(even_lo), odd_lo, 1));
+}
+
 // r[0..16) <- their transpose (16 x 16 32-bit words), in three rounds: pairs of rows interleaved
 // by 32-bit words, then by 64-bit words (r[4k + s] then holds in 128-bit lane L column 4L + s of
 // rows 4k..4k+3), then the 128-bit lanes regrouped so that register c gathers column c's four

@@ -71,7 +71,7 @@ int64_t tiles_per_task(const core::ForwardParams& p, int64_t tiles_per_head, boo
   return std::clamp<int64_t>(per_task, 1, std::max<int64_t>(1, tiles_per_head));
 }
 
-// amx: the AMX kernels for a bf16 problem, or null for the float (or double) kernels alone.
+// amx: the AMX kernels for a bf16 or fp16 problem, or null for the float (or double) kernels alone.
 template <class T>
 void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKernels* amx) {
   const int64_t esize = dtype_size(p.dtype), d = p.head_dim;
@@ -126,7 +126,7 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
       if constexpr (std::is_same_v<T, float>) {
         if (amx) {
           auto& aslot = amx_spaces[size_t(worker)];
-          if (!aslot) aslot = std::make_unique<AmxSpace>(d, bm, bn);
+          if (!aslot) aslot = std::make_unique<AmxSpace>(d, bm, bn, p.dtype == DType::f16);
           reset_tile(ws, kern.row_align, cfg, r1 - r0, pos);
           prefetch_rows(out_row, r1 - r0, d * esize, true);  // written at the end of the tile
           attend_amx(ws, *aslot, *amx, kern, cfg, tr, q_row, key_rows, s.sk, task.b, hk, kMaxPackBytes);
@@ -159,7 +159,8 @@ void forward(const core::ForwardParams& p) {
   const AmxKernels* amx = nullptr;
 #if defined(__x86_64__)
   // The tiles take 32 head-dim values a step; other head dims run the float kernels.
-  if (p.dtype == DType::bf16 && p.head_dim % 32 == 0 && active_level() == KernelLevel::amx) amx = &amx_kernels();
+  const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
+  if (half && p.head_dim % 32 == 0 && active_level() == KernelLevel::amx) amx = &amx_kernels();
 #endif
   run<float>(p, float_kernels(), amx);
 }

@@ -5,7 +5,9 @@
 // results (16 x 16 each), tiles 4-5 two A operands (16 rows x 32 bf16) and 6-7 two B operands (16
 // pairs of rows x 16 columns, VNNI). The tile intrinsics name their registers by literal numbers
 // (GCC's expand them into the instruction text), so the block shapes 1-2 x 1-2 are spelled out
-// with `if constexpr` rather than indexed.
+// with `if constexpr` rather than indexed. With fp16 inputs (Split), a block takes its three
+// products A_hi B_hi, A_hi B_lo and A_lo B_hi (amx.h) in one pass over the reduction, reloading the
+// operand registers in between.
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -45,22 +47,39 @@ void end(const AmxSavedState* saved) {
 
 // ---- S^T = K Q^T -------------------------------------------------------------------------------
 // KB blocks of 16 keys x RB blocks of 16 query rows, summed over the head dim 32 at a time.
-template <int KB, int RB>
-void scores_block(const uint16_t* k, int64_t ldk, const uint32_t* qv, int64_t d, int64_t mpad, float* st) {
+template <int KB, int RB, bool Split>
+void scores_block(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, const uint32_t* qv, const uint32_t* qv_lo,
+                  int64_t d, int64_t mpad, float* st) {
   const int64_t k_stride = ldk * 2, q_stride = mpad * 4, s_stride = mpad * 4;
+  auto load_k = [&](const uint16_t* a, int64_t x) {
+    _tile_loadd(4, a + x, k_stride);
+    if constexpr (KB == 2) _tile_loadd(5, a + 16 * ldk + x, k_stride);
+  };
+  auto load_q = [&](const uint32_t* b, int64_t x) {
+    _tile_loadd(6, b + (x / 2) * mpad, q_stride);
+    if constexpr (RB == 2) _tile_loadd(7, b + (x / 2) * mpad + 16, q_stride);
+  };
+  auto products = [] {
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (KB == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (KB == 2 && RB == 2) _tile_dpbf16ps(3, 5, 7);
+  };
   _tile_zero(0);
   if constexpr (RB == 2) _tile_zero(1);
   if constexpr (KB == 2) _tile_zero(2);
   if constexpr (KB == 2 && RB == 2) _tile_zero(3);
   for (int64_t x = 0; x < d; x += 32) {
-    _tile_loadd(4, k + x, k_stride);
-    if constexpr (KB == 2) _tile_loadd(5, k + 16 * ldk + x, k_stride);
-    _tile_loadd(6, qv + (x / 2) * mpad, q_stride);
-    if constexpr (RB == 2) _tile_loadd(7, qv + (x / 2) * mpad + 16, q_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
-    if constexpr (KB == 2) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (KB == 2 && RB == 2) _tile_dpbf16ps(3, 5, 7);
+    load_k(k, x);
+    load_q(qv, x);
+    products();
+    if constexpr (Split) {
+      load_q(qv_lo, x);
+      products();
+      load_k(k_lo, x);
+      load_q(qv, x);
+      products();
+    }
   }
   _tile_stored(0, st, s_stride);
   if constexpr (RB == 2) _tile_stored(1, st + 16, s_stride);
@@ -68,9 +87,9 @@ void scores_block(const uint16_t* k, int64_t ldk, const uint32_t* qv, int64_t d,
   if constexpr (KB == 2 && RB == 2) _tile_stored(3, st + 16 * mpad + 16, s_stride);
 }
 
-void scores(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int64_t d, int64_t rows, int64_t mpad,
-            float mul, float* st) {
-  const int64_t keys = (nk + 15) / 16 * 16;
+template <bool Split>
+void scores_blocks(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, int64_t keys, const uint32_t* qv,
+                   const uint32_t* qv_lo, int64_t d, int64_t rows, int64_t mpad, float* st) {
   // Key blocks outside: a block's K rows (32 x d, from L2 or beyond: a head's K and V^T take 2 MiB
   // at d = 256) are read for every block of query rows while they are in L1; Q's VNNI words stay
   // in L1 for the whole tile. Min of 8 runs, alternating builds, 7 rounds: d=256 1.045x the rows
@@ -78,15 +97,24 @@ void scores(const uint16_t* k, int64_t ldk, int64_t nk, const uint32_t* qv, int6
   for (int64_t j = 0; j < keys; j += 32) {
     const bool two_keys = keys - j >= 32;
     const uint16_t* kj = k + j * ldk;
+    const uint16_t* kj_lo = Split ? k_lo + j * ldk : nullptr;
     for (int64_t i = 0; i < rows; i += 32) {
       const bool two_rows = rows - i >= 32;
+      const uint32_t* qi_lo = Split ? qv_lo + i : nullptr;
       float* s = st + j * mpad + i;
-      if (two_keys && two_rows) scores_block<2, 2>(kj, ldk, qv + i, d, mpad, s);
-      else if (two_keys) scores_block<2, 1>(kj, ldk, qv + i, d, mpad, s);
-      else if (two_rows) scores_block<1, 2>(kj, ldk, qv + i, d, mpad, s);
-      else scores_block<1, 1>(kj, ldk, qv + i, d, mpad, s);
+      if (two_keys && two_rows) scores_block<2, 2, Split>(kj, kj_lo, ldk, qv + i, qi_lo, d, mpad, s);
+      else if (two_keys) scores_block<2, 1, Split>(kj, kj_lo, ldk, qv + i, qi_lo, d, mpad, s);
+      else if (two_rows) scores_block<1, 2, Split>(kj, kj_lo, ldk, qv + i, qi_lo, d, mpad, s);
+      else scores_block<1, 1, Split>(kj, kj_lo, ldk, qv + i, qi_lo, d, mpad, s);
     }
   }
+}
+
+void scores(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, int64_t nk, const uint32_t* qv,
+            const uint32_t* qv_lo, int64_t d, int64_t rows, int64_t mpad, float mul, float* st) {
+  const int64_t keys = (nk + 15) / 16 * 16;
+  if (k_lo) scores_blocks<true>(k, k_lo, ldk, keys, qv, qv_lo, d, rows, mpad, st);
+  else scores_blocks<false>(k, nullptr, ldk, keys, qv, nullptr, d, rows, mpad, st);
   if (mul == 1.f) return;
   const __m512 m = _mm512_set1_ps(mul);
   for (int64_t j = 0; j < keys; ++j)
@@ -115,10 +143,11 @@ __m512 exp2_bf16(__m512 x) {
 // The update of core::SoftmaxState for the rows of a score tile (rows are the vector lanes, as in
 // kernel_impl.h's softmax): new max, rescale factor f, l = f * l + rowsum(P~); P~ goes out not to
 // ST but rounded to bf16 into PV [keys/2][mpad] words, pairs of keys 2r and 2r + 1, zero from key
-// nk up to a multiple of 32: the B operand of O~^T += V^T P~^T, written in the same pass.
-void softmax(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
-             uint32_t* pv) {
-  const __m512i idx = _mm512_load_si512(kAmxPairInterleave);
+// nk up to a multiple of 32: the B operand of O~^T += V^T P~^T, written in the same pass. With
+// pv_lo, P~'s lo halves (split_bf16) go there in the same form.
+template <bool Split>
+void softmax_rows(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
+                  uint32_t* pv, uint32_t* pv_lo) {
   const __m512 cv = _mm512_set1_ps(c), neg_inf = _mm512_set1_ps(-__builtin_inff());
   const int64_t pairs = (nk + 31) / 32 * 16;
   // 16 rows at a time, their max and sums in registers through the whole tile (a running value
@@ -132,18 +161,30 @@ void softmax(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, f
     const __m512 factor = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(m_old, b), cv));
     __m512 sum_even = _mm512_setzero_ps(), sum_odd = _mm512_setzero_ps();
     for (int64_t r = 0; r < pairs; ++r) {
-      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-      if (2 * r < nk) lo = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + 2 * r * mpad + i), b), cv));
-      if (2 * r + 1 < nk) hi = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * r + 1) * mpad + i), b), cv));
-      sum_even = _mm512_add_ps(sum_even, lo);
-      sum_odd = _mm512_add_ps(sum_odd, hi);
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-      _mm512_storeu_si512(pv + r * mpad + i, _mm512_permutexvar_epi16(idx, both));
+      __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+      if (2 * r < nk) even = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + 2 * r * mpad + i), b), cv));
+      if (2 * r + 1 < nk) odd = exp2_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * r + 1) * mpad + i), b), cv));
+      sum_even = _mm512_add_ps(sum_even, even);
+      sum_odd = _mm512_add_ps(sum_odd, odd);
+      if constexpr (Split) {
+        __m512i hi, lo;
+        split_pair_words(even, odd, &hi, &lo);
+        _mm512_storeu_si512(pv + r * mpad + i, hi);
+        _mm512_storeu_si512(pv_lo + r * mpad + i, lo);
+      } else {
+        _mm512_storeu_si512(pv + r * mpad + i, pair_words(even, odd));
+      }
     }
     _mm512_storeu_ps(m + i, m_new);
     _mm512_storeu_ps(f + i, factor);
     _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), factor, _mm512_add_ps(sum_even, sum_odd)));
   }
+}
+
+void softmax(const float* st, int64_t nk, int64_t rows, int64_t mpad, float c, float* m, float* l, float* f,
+             uint32_t* pv, uint32_t* pv_lo) {
+  if (pv_lo) softmax_rows<true>(st, nk, rows, mpad, c, m, l, f, pv, pv_lo);
+  else softmax_rows<false>(st, nk, rows, mpad, c, m, l, f, pv, nullptr);
 }
 
 // ---- O~^T = f O~^T + V^T P~^T ------------------------------------------------------------------
@@ -159,22 +200,39 @@ void rescale(const float* f, int64_t rows, int64_t mpad, int64_t d, float* ot) {
 }
 
 // 2 blocks of 16 head-dim rows x RB blocks of 16 query rows of O~^T, over keys [0, keys).
-template <int RB>
-void accumulate_block(const uint16_t* vt, int64_t ldv, int64_t keys, const uint32_t* pv, int64_t mpad, float* ot) {
+template <int RB, bool Split>
+void accumulate_block(const uint16_t* vt, const uint16_t* vt_lo, int64_t ldv, int64_t keys, const uint32_t* pv,
+                      const uint32_t* pv_lo, int64_t mpad, float* ot) {
   const int64_t v_stride = ldv * 2, p_stride = mpad * 4, o_stride = mpad * 4;
+  auto load_v = [&](const uint16_t* a, int64_t j) {
+    _tile_loadd(4, a + j, v_stride);
+    _tile_loadd(5, a + 16 * ldv + j, v_stride);
+  };
+  auto load_p = [&](const uint32_t* b, int64_t j) {
+    _tile_loadd(6, b + (j / 2) * mpad, p_stride);
+    if constexpr (RB == 2) _tile_loadd(7, b + (j / 2) * mpad + 16, p_stride);
+  };
+  auto products = [] {
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (RB == 2) _tile_dpbf16ps(3, 5, 7);
+  };
   _tile_loadd(0, ot, o_stride);
   if constexpr (RB == 2) _tile_loadd(1, ot + 16, o_stride);
   _tile_loadd(2, ot + 16 * mpad, o_stride);
   if constexpr (RB == 2) _tile_loadd(3, ot + 16 * mpad + 16, o_stride);
   for (int64_t j = 0; j < keys; j += 32) {
-    _tile_loadd(4, vt + j, v_stride);
-    _tile_loadd(5, vt + 16 * ldv + j, v_stride);
-    _tile_loadd(6, pv + (j / 2) * mpad, p_stride);
-    if constexpr (RB == 2) _tile_loadd(7, pv + (j / 2) * mpad + 16, p_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    if constexpr (RB == 2) _tile_dpbf16ps(3, 5, 7);
+    load_v(vt, j);
+    load_p(pv, j);
+    products();
+    if constexpr (Split) {
+      load_p(pv_lo, j);
+      products();
+      load_v(vt_lo, j);
+      load_p(pv, j);
+      products();
+    }
   }
   _tile_stored(0, ot, o_stride);
   if constexpr (RB == 2) _tile_stored(1, ot + 16, o_stride);
@@ -182,27 +240,45 @@ void accumulate_block(const uint16_t* vt, int64_t ldv, int64_t keys, const uint3
   if constexpr (RB == 2) _tile_stored(3, ot + 16 * mpad + 16, o_stride);
 }
 
-void accumulate(const uint16_t* vt, int64_t ldv, int64_t nk, const uint32_t* pv, int64_t rows, int64_t mpad,
-                int64_t d, const float* f, float* ot) {
-  rescale(f, rows, mpad, d, ot);
-  const int64_t keys = (nk + 31) / 32 * 32;
+template <bool Split>
+void accumulate_blocks(const uint16_t* vt, const uint16_t* vt_lo, int64_t ldv, int64_t keys, const uint32_t* pv,
+                       const uint32_t* pv_lo, int64_t rows, int64_t mpad, int64_t d, float* ot) {
   for (int64_t x = 0; x < d; x += 32)
     for (int64_t i = 0; i < rows; i += 32) {
-      if (rows - i >= 32) accumulate_block<2>(vt + x * ldv, ldv, keys, pv + i, mpad, ot + x * mpad + i);
-      else accumulate_block<1>(vt + x * ldv, ldv, keys, pv + i, mpad, ot + x * mpad + i);
+      const uint16_t* a_lo = Split ? vt_lo + x * ldv : nullptr;
+      const uint32_t* b_lo = Split ? pv_lo + i : nullptr;
+      if (rows - i >= 32) accumulate_block<2, Split>(vt + x * ldv, a_lo, ldv, keys, pv + i, b_lo, mpad, ot + x * mpad + i);
+      else accumulate_block<1, Split>(vt + x * ldv, a_lo, ldv, keys, pv + i, b_lo, mpad, ot + x * mpad + i);
     }
 }
 
+void accumulate(const uint16_t* vt, const uint16_t* vt_lo, int64_t ldv, int64_t nk, const uint32_t* pv,
+                const uint32_t* pv_lo, int64_t rows, int64_t mpad, int64_t d, const float* f, float* ot) {
+  rescale(f, rows, mpad, d, ot);
+  const int64_t keys = (nk + 31) / 32 * 32;
+  if (vt_lo) accumulate_blocks<true>(vt, vt_lo, ldv, keys, pv, pv_lo, rows, mpad, d, ot);
+  else accumulate_blocks<false>(vt, nullptr, ldv, keys, pv, nullptr, rows, mpad, d, ot);
+}
+
 // ---- operands in and results out ---------------------------------------------------------------
+void split_f16(const uint16_t* x, int64_t n, uint16_t* hi, uint16_t* lo) {
+  for (int64_t c = 0; c < n; c += 16) {
+    __m256i h, l;
+    split_bf16(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c))), &h, &l);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + c), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + c), l);
+  }
+}
+
 // The first `cols` (16 or 32) staged query rows -> columns i0..i0 + cols of the VNNI words.
 void pack_q(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64_t i0, int64_t cols) {
   transpose_words(staged, cols, d, qv + i0, mpad);
 }
 
-// Rows i < rows (a multiple of 16) of O~^T [d][mpad], times scale[i], as bf16 into out[i] (null:
-// a padding row, not written): 16 x 16 blocks transposed in registers, so each row goes out in
-// 32-byte stores.
-void finish(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float* scale, void* const* out) {
+// Rows i < rows (a multiple of 16) of O~^T [d][mpad], times scale[i], as bf16 or fp16 into out[i]
+// (null: a padding row, not written): 16 x 16 blocks transposed in registers, so each row goes out
+// in 32-byte stores.
+void finish(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float* scale, bool f16, void* const* out) {
   __m512i r[16];
   for (int64_t i0 = 0; i0 < rows; i0 += 16)
     for (int64_t x0 = 0; x0 < d; x0 += 16) {
@@ -211,8 +287,9 @@ void finish(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float*
       for (int q = 0; q < 16; ++q) {
         if (!out[i0 + q]) continue;
         const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(r[q]), _mm512_set1_ps(scale[i0 + q]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<char*>(out[i0 + q]) + 2 * x0),
-                            (__m256i)_mm512_cvtneps_pbh(v));
+        const __m256i h = f16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                              : (__m256i)_mm512_cvtneps_pbh(v);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<char*>(out[i0 + q]) + 2 * x0), h);
       }
     }
 }
@@ -220,7 +297,7 @@ void finish(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float*
 }  // namespace
 
 const AmxKernels& amx_kernels() {
-  static const AmxKernels k{&begin, &end, &pack_q, &scores, &softmax, &accumulate, &finish};
+  static const AmxKernels k{&begin, &end, &split_f16, &pack_q, &scores, &softmax, &accumulate, &finish};
   return k;
 }
 

@@ -259,7 +259,8 @@ TEST(Forward, EverySimdLevelIsAccurate) {
   unsetenv("FLASHATTN_CPU_KERNEL");
 }
 
-// The bf16 forward on AMX tiles (src/cpu/amx.h) over the shapes its blocking has edges at: every
+// The bf16 and fp16 forward on AMX tiles (src/cpu/amx.h; fp16 as hi and lo bf16 halves) over the
+// shapes its blocking has edges at: every
 // head dim it takes (multiples of 32), key counts that leave a last tile of 1-63 keys (16-key and
 // 32-key steps in the products), query tiles of a few rows up to several tiles (16- and 32-row
 // steps), masks that give diagonal tiles and rows that see nothing, softcap, GQA, strides, varlen
@@ -282,13 +283,14 @@ TEST(Forward, AmxTilesAreAccurate) {
   varlen.cu_k = {0, 13, 13, 150, 300, 301};
   shapes.push_back(varlen);
   uint32_t seed = 500;
-  for (Shape s : shapes) {
-    s.dtype = DType::bf16;
-    SCOPED_TRACE(describe(s));
-    Problem p = make_problem(s, seed++);
-    flashattn::forward(p.args);
-    EXPECT_TRUE(matches_reference(p));
-  }
+  for (DType t : {DType::bf16, DType::f16})
+    for (Shape s : shapes) {
+      s.dtype = t;
+      SCOPED_TRACE(describe(s));
+      Problem p = make_problem(s, seed++);
+      flashattn::forward(p.args);
+      EXPECT_TRUE(matches_reference(p));
+    }
 }
 
 #if defined(__x86_64__)
