@@ -30,6 +30,7 @@
 #include "core/block_range.h"
 #include "core/numeric.h"
 #include "core/softmax_state.h"
+#include "cpu/amx.h"
 #include "cpu/backward_io.h"
 #include "cpu/backward_tile.h"
 #include "cpu/parallel.h"
@@ -38,10 +39,11 @@
 namespace flashattn::cpu {
 namespace {
 
-// bf16 problems at head dims that are multiples of 32 take the AMX products where the level is amx
-// (the tiles' sizes, tile_for below, always are multiples of 32), with fp32 gradient accumulators.
+// bf16 and fp16 problems at head dims that are multiples of 32 take the AMX products where the level
+// is amx (the tiles' sizes, tile_for below, always are multiples of 32), with fp32 gradient
+// accumulators.
 bool amx_products(int64_t head_dim, DType dtype) {
-  return dtype == DType::bf16 && head_dim % 32 == 0 && active_level() == KernelLevel::amx;
+  return (dtype == DType::bf16 || dtype == DType::f16) && head_dim % 32 == 0 && active_level() == KernelLevel::amx;
 }
 
 // The tile arithmetic of the engine's active SIMD level (simd.h: detected once, capped by
@@ -130,18 +132,21 @@ struct Scratch {
   std::vector<uint32_t> kt_words, vt_words, k_words;  // the key tile's packs
   std::vector<uint32_t> qt_words, dot_words;          // the query tile's (two-pass dQ)
 
-  // amx: the AMX products, which take 16-bit rows and their own packs, not the float Q, dO, K, V.
-  Scratch(int64_t tile, int64_t d, bool amx)
+  // amx: the AMX products, which take 16-bit rows and their own packs, not the float Q, dO, K, V;
+  // split: an fp16 problem on them, each of those buffers twice the size (bwd::TileStep::split).
+  Scratch(int64_t tile, int64_t d, bool amx, bool split)
       : q(when(!amx, tile * d)), dout(when(!amx, tile * d)), k(when(!amx, tile * d)), v(when(!amx, tile * d)),
         p(size_t(tile * tile)), dp(size_t(tile * tile)), deriv(size_t(tile * tile)), k_rows(when(!amx, tile * d)),
         acc_k(size_t(tile * d)), acc_v(size_t(tile * d)), lse(size_t(tile)), delta(size_t(tile)), lo(size_t(tile)),
-        hi(size_t(tile)), pack(when(amx, 2 * tile * std::max(tile, d))), q16(when(amx, tile * d)),
-        dout16(when(amx, tile * d)), k16(when(amx, tile * d)), v16(when(amx, tile * d)),
-        kt_words(when(amx, tile * d / 2)), vt_words(when(amx, tile * d / 2)), k_words(when(amx, tile * d / 2)),
-        qt_words(when(amx, tile * d / 2)), dot_words(when(amx, tile * d / 2)) {}
+        hi(size_t(tile)), pack(amx16(amx, split, 2 * tile * std::max(tile, d))), q16(amx16(amx, split, tile * d)),
+        dout16(amx16(amx, split, tile * d)), k16(amx16(amx, split, tile * d)), v16(amx16(amx, split, tile * d)),
+        kt_words(amx16(amx, split, tile * d / 2)), vt_words(amx16(amx, split, tile * d / 2)),
+        k_words(amx16(amx, split, tile * d / 2)), qt_words(amx16(amx, split, tile * d / 2)),
+        dot_words(amx16(amx, split, tile * d / 2)) {}
 
  private:
   static size_t when(bool used, int64_t n) { return used ? size_t(n) : 0; }
+  static size_t amx16(bool amx, bool split, int64_t n) { return when(amx, split ? 2 * n : n); }
 };
 
 // G: the gradient accumulators' type (bwd::TileStep): double, or float with the AMX products.
@@ -179,9 +184,10 @@ class Backward {
     one_pass_ = (workers == 1 || pairs >= 4 * workers) && dq_bytes <= kMaxDqBytes;
     const int64_t most =
         one_pass_ ? int64_t(pair_tasks_.size()) : std::max<int64_t>(row_tasks_.size(), key_tasks_.size());
-    scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc, G>(tile_, d_, std::is_same_v<G, float>));
+    scratch_.assign(size_t(workers_for(most, p.num_threads)), Scratch<Acc, G>(tile_, d_, kAmx, kSplit));
     step_.bm = step_.bn = tile_;
     step_.d = d_;
+    step_.split = kSplit;
     step_.score_mul = p.softcap > 0.f ? Acc(p.scale) / Acc(p.softcap) : Acc(p.scale);
     step_.softcap = Acc(p.softcap);
   }
@@ -265,13 +271,24 @@ class Backward {
     }
   }
 
-  // Rows [tok0, tok0 + rows) of head h of a 16-bit tensor as they are, into dst [tile][d]; the
-  // padding rows zero.
+  // Rows [tok0, tok0 + rows) of head h of a 16-bit tensor into dst [tile][d]: bf16 rows as they
+  // are; fp16 rows as their bf16 hi halves, with the lo halves in dst's second [tile][d] (kSplit).
+  // The padding rows zero.
   void copy_rows16(uint16_t* dst, const void* src, const core::Strides& st, int64_t b, int64_t tok0, int64_t rows,
                    int64_t h) const {
     const auto* base = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * d_, base + st.offset(b, tok0 + i, h), size_t(d_) * 2);
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint16_t* row = base + st.offset(b, tok0 + i, h);
+      if constexpr (kSplit) {
+#if defined(__x86_64__)
+        amx_kernels().split_f16(row, d_, dst + i * d_, dst + (tile_ + i) * d_);
+#endif
+      } else {
+        std::memcpy(dst + i * d_, row, size_t(d_) * 2);
+      }
+    }
     std::fill(dst + rows * d_, dst + tile_ * d_, uint16_t(0));
+    if constexpr (kSplit) std::fill(dst + (tile_ + rows) * d_, dst + 2 * tile_ * d_, uint16_t(0));
   }
 
   // Q and dO of query rows [r0, r0 + rows) of head h (owned by dq tasks), and each row's visible
@@ -416,6 +433,7 @@ class Backward {
 
   static constexpr int64_t kMaxDqBytes = int64_t(64) << 20;
   static constexpr bool kAmx = std::is_same_v<G, float>;  // the AMX products (tile_ops)
+  static constexpr bool kSplit = kAmx && std::is_same_v<T, core::half_t>;  // fp16 on them: hi and lo halves
 
   const core::BackwardParams& p_;
   const bwd::TileOps<Acc, G> ops_;
@@ -432,7 +450,10 @@ class Backward {
 
 void backward(const core::BackwardParams& p) {
   switch (p.dtype) {
-    case DType::f16: Backward<core::half_t, float>(p).run(); break;
+    case DType::f16:
+      if (amx_products(p.head_dim, p.dtype)) Backward<core::half_t, float, float>(p).run();
+      else Backward<core::half_t, float>(p).run();
+      break;
     case DType::bf16:
       if (amx_products(p.head_dim, p.dtype)) Backward<core::bfloat16_t, float, float>(p).run();
       else Backward<core::bfloat16_t, float>(p).run();

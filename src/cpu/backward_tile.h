@@ -41,11 +41,13 @@ struct TileStep {
   T* p = nullptr;      // scratch, bm x bn in the step's layout: S, then P, then dS
   T* dp = nullptr;     // scratch: dP
   T* deriv = nullptr;  // scratch: 1 - tanh^2 (softcap only)
-  uint16_t* pack = nullptr;  // scratch of the AMX products: 2 x tile x max(d, tile) bf16 values
+  uint16_t* pack = nullptr;  // scratch of the AMX products: 2 x tile x max(d, tile) bf16 values (x2 split)
   // The AMX steps (backward_amx.cpp) read Q, dO, K and V as bf16 rows [bm or bn][d] instead of the
   // float tiles, and the fixed tile's B operands as VNNI words, packed once per tile by
   // TileOps::key_tile (K^T [d/2][bn], V^T [d/2][bn], K [bn/2][d]) or TileOps::query_tile (Q^T and
-  // dO^T [d/2][bm]).
+  // dO^T [d/2][bm]). split: an fp16 problem, whose 16-bit buffers hold bf16 hi halves followed by
+  // their lo halves (backward_amx.cpp Operands): the rows [2][tile][d], the words [2][tile * d / 2].
+  bool split = false;
   const uint16_t* q16 = nullptr;
   const uint16_t* dout16 = nullptr;
   const uint16_t* k16 = nullptr;
@@ -81,9 +83,10 @@ TileOps<float> avx2_ops_f32();
 TileOps<double> avx2_ops_f64();
 TileOps<float> avx512_ops_f32();
 TileOps<double> avx512_ops_f64();
-// bf16 problems on AMX (backward_amx.cpp): the products of bf16 operands on AMX tiles with fp32
-// results; Q, K, V and dO are bf16 values already, P and dS are rounded to bf16 (nearest even) for
-// the products that take them, as on the GPU. d, bm and bn multiples of 32.
+// bf16 and fp16 problems on AMX (backward_amx.cpp): the products of bf16 operands on AMX tiles with
+// fp32 results; bf16 Q, K, V and dO are bf16 values already, P and dS are rounded to bf16 (nearest
+// even) for the products that take them, as on the GPU; fp16 ones go in as bf16 hi and lo halves
+// (TileStep::split). d, bm and bn multiples of 32.
 TileOps<float, float> amx_ops_f32();
 
 }  // namespace flashattn::cpu::bwd

@@ -276,21 +276,23 @@ TEST(BackwardLevels, EveryLevelMatchesReference) {
   unsetenv("FLASHATTN_CPU_KERNEL");
 }
 
-// The bf16 products on AMX tiles (backward_amx.cpp) at every head dim they take, on tiles of 32
-// to 128 (the longest sequence rounded up to 32), through both schedules: one worker runs the
-// one-pass tasks, several the two passes.
+// The bf16 and fp16 products on AMX tiles (backward_amx.cpp; fp16 as hi and lo bf16 halves) at
+// every head dim they take, on tiles of 32 to 128 (the longest sequence rounded up to 32), through
+// both schedules: one worker runs the one-pass tasks, several the two passes.
 TEST(BackwardLevels, AmxProductsAtEveryHeadDim) {
   if (flashattn::cpu::detected_level() != flashattn::cpu::KernelLevel::amx)
     GTEST_SKIP() << "this CPU (or OS) offers no AMX-BF16";
-  for (int64_t d : {32, 96, 128, 192})
-    for (int threads : {1, 2}) {
-      SCOPED_TRACE("d" + std::to_string(d) + " threads " + std::to_string(threads));
-      Case c = make("amx", DType::bf16);
-      c.d = d, c.threads = threads, c.causal = d % 64 == 0, c.softcap = d == 96 ? 4.f : 0.f;
-      c.sq = d == 192 ? 30 : 150, c.sk = d == 192 ? 41 : 270;
-      Problem pr(c);
-      expect_matches_reference(pr, DType::bf16);
-    }
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (int64_t d : {32, 96, 128, 192})
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(flashattn::dtype_name(dtype)) + " d" + std::to_string(d) + " threads " +
+                     std::to_string(threads));
+        Case c = make("amx", dtype);
+        c.d = d, c.threads = threads, c.causal = d % 64 == 0, c.softcap = d == 96 ? 4.f : 0.f;
+        c.sq = d == 192 ? 30 : 150, c.sk = d == 192 ? 41 : 270;
+        Problem pr(c);
+        expect_matches_reference(pr, dtype);
+      }
 }
 
 #if defined(__x86_64__)
@@ -422,7 +424,7 @@ std::vector<unsigned char> run_on(Problem& pr, int threads) {
 }
 
 TEST(BackwardDeterminism, BitwiseEqualAcrossRunsAndThreadCounts) {
-  for (DType dtype : {DType::bf16, DType::f32}) {
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
     Case c;
     c.dtype = dtype;
     c.sq = 200, c.sk = 170, c.hq = 4, c.hkv = 1, c.causal = true;
