@@ -11,8 +11,8 @@
 // and 256, the VM's noise.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 

@@ -18,8 +18,8 @@
 // Level selection: the best level the CPU supports (cpuid and xgetbv, once), capped by the
 // environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512|amx when it is set (read at each
 // call, so tests can compare levels in one process). An unknown value is an error, not a silent
-// fallback. The amx level is avx512 plus the AMX-BF16 products of the bf16 forward (amx.h): its
-// float tables are avx512's.
+// fallback. The amx level is avx512 plus the AMX-BF16 products of the bf16 and fp16 forward and
+// backward (amx.h, backward_amx.cpp): its float tables are avx512's.
 #pragma once
 
 #include <cstdint>
