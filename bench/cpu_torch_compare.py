@@ -8,8 +8,10 @@ Rounds alternate ours and PyTorch's, each timing one call after one untimed call
 the medians and PyTorch's time over ours (above 1: ours is faster). --threads sets PyTorch's thread
 count; ours runs on every core (the package's default), so compare at --threads = the core count. GFLOP/s counts
 4·b·h·s²·d for the forward, half when causal, and 3.5 times that for forward + backward (the
-backward's 2.5). fp32 unless --dtype says bf16 (on a CPU with AMX both libraries then run their
-bf16 tile kernels); layouts as each library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d].
+backward's 2.5). fp32 unless --dtype says bf16 or fp16 (on a CPU with AMX both libraries then run
+their bf16 tile kernels for bf16; ours runs fp16 on them too, as bf16 halves); layouts as each
+library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d]. --shapes "" leaves the forward and
+backward table out.
 
   python3 bench/cpu_torch_compare.py --threads 2
   python3 bench/cpu_torch_compare.py --threads 2 --dtype bf16 --decode ""
@@ -32,6 +34,9 @@ def timed(fn):
     return time.perf_counter() - start
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -51,9 +56,9 @@ def main():
     print(f"torch {torch.__version__}, {args.threads} threads, flashattn {flashattn.__version__} "
           f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds, "
           f"ours on {args.our_layout}")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
-    for shape in args.shapes.split(";"):
+    for shape in filter(None, args.shapes.split(";")):
         b, h, s, d, causal = (int(x) for x in shape.split(","))
         causal = bool(causal)
         q, k, v = (torch.randn(b, s, h, d, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -89,12 +94,13 @@ def main():
 
 
 def decode(args):
-    print("decode: 32 query heads on 8 KV heads, d = 128, one new token, fp32")
+    dtype = DTYPES[args.dtype]
+    print(f"decode: 32 query heads on 8 KV heads, d = 128, one new token, {args.dtype}")
     print("  b     kv | ours ms  torch ms  ratio | GB/s ours  torch   max|out diff|")
-    for shape in args.decode.split(";"):
+    for shape in filter(None, args.decode.split(";")):
         b, kv = (int(x) for x in shape.split(","))
-        q = torch.randn(b, 1, 32, 128)
-        k_cache, v_cache = torch.randn(b, kv, 8, 128), torch.randn(b, kv, 8, 128)
+        q = torch.randn(b, 1, 32, 128, dtype=dtype)
+        k_cache, v_cache = torch.randn(b, kv, 8, 128, dtype=dtype), torch.randn(b, kv, 8, 128, dtype=dtype)
         lens = torch.full((b,), kv, dtype=torch.int32)
         qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
         ours_fn = lambda: flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)  # noqa: E731
@@ -105,7 +111,7 @@ def decode(args):
             rounds["ours"].append(timed(ours_fn))
             rounds["torch"].append(timed(ref_fn))
         o, t = statistics.median(rounds["ours"]), statistics.median(rounds["torch"])
-        gb = 2 * b * kv * 8 * 128 * 4 / 1e9
+        gb = 2 * b * kv * 8 * 128 * k_cache.element_size() / 1e9
         print(f"{b:3d} {kv:6d} | {o * 1e3:7.2f} {t * 1e3:9.2f} {t / o:6.2f} | {gb / o:9.1f} {gb / t:6.1f}   {diff:.1e}")
 
 

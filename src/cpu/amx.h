@@ -51,6 +51,9 @@ struct AmxKernels {
   // The first `cols` (16 or 32) of 32 query rows staged [32][d] bf16 (zero past the tile's rows)
   // -> columns i0..i0 + cols of QV.
   void (*pack_q)(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64_t i0, int64_t cols);
+  // 32 rows staged [32][d] bf16 (keys j0..j0 + 31 of V) -> columns j0..j0 + 31 of V^T [d][ldv]
+  // (j0 even).
+  void (*pack_vt)(const uint16_t* staged, int64_t d, uint16_t* vt, int64_t ldv, int64_t j0);
   // ST[j][i] = mul * sum_x K[j][x] Q_i[x] for j < nk rounded up to 16, i < rows (a multiple of 16);
   // K rows ldk elements apart (k_lo likewise); QV and ST rows mpad apart.
   void (*scores)(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, int64_t nk, const uint32_t* qv,

@@ -104,16 +104,22 @@ void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, const AmxKe
 }
 
 // Keys [k0, k0 + n) of a head into K rows [n rounded up to block_n][d] and V^T [d][ldv] (and their
-// lo halves), the padding zero.
+// lo halves), the padding zero; 32 keys at a time, K and V together, each group's rows prefetched a
+// group ahead (prefetch_rows).
 template <class KeyRows>
 void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block_n, int64_t d, const AmxKernels& amx,
                    AmxSpace& as, int64_t ldv) {
   const int64_t padded = ceil_div(n, block_n) * block_n;
   uint16_t* const ks[2] = {as.k->get(), as.k_lo()};
   uint16_t* const vts[2] = {as.vt->get(), as.vt_lo()};
-  for (int64_t j0 = 0; j0 < padded; j0 += 32) {
+  auto prefetch_group = [&](int64_t j0) {
     const int64_t rows = n - j0 < 32 ? n - j0 : 32;
     prefetch_rows([&](int64_t j) { return key_rows(k0 + j0 + j).first; }, rows, d * 2, false);
+    prefetch_rows([&](int64_t j) { return key_rows(k0 + j0 + j).second; }, rows, d * 2, false);
+  };
+  prefetch_group(0);
+  for (int64_t j0 = 0; j0 < padded; j0 += 32) {
+    prefetch_group(j0 + 32);
     for (int64_t j = j0; j < j0 + 32; ++j) {
       if (j >= n) {
         for (uint16_t* k : ks)
@@ -124,13 +130,13 @@ void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block
         std::memcpy(ks[0] + j * d, key_rows(k0 + j).first, size_t(d) * 2);
       }
     }
-  }
-  for (int64_t j0 = 0; j0 < padded; j0 += 32) {
-    stage_rows([&](int64_t j) { return key_rows(k0 + j0 + j).second; }, n - j0, d, as.staged.get());
+    uint16_t* staged = as.staged.get();
+    for (int64_t j = 0; j < 32; ++j) {
+      if (j0 + j < n) std::memcpy(staged + j * d, key_rows(k0 + j0 + j).second, size_t(d) * 2);
+      else std::memset(staged + j * d, 0, size_t(d) * 2);
+    }
     const uint16_t* rows = split_staged(amx, as, d);
-    for (int half = 0; half < (as.split ? 2 : 1); ++half, rows += 32 * d)
-      for (int64_t x = 0; x < d; ++x)
-        for (int64_t j = 0; j < 32; ++j) vts[half][x * ldv + j0 + j] = rows[j * d + x];
+    for (int half = 0; half < (as.split ? 2 : 1); ++half, rows += 32 * d) amx.pack_vt(rows, d, vts[half], ldv, j0);
   }
 }
 
@@ -167,6 +173,38 @@ class AmxScope {
   AmxSavedState saved_;
 };
 
+// The key tile at `key` of the K and V^T packs in `keys` (V^T rows ldv apart, P^T going to its P
+// scratch), against the query tile packed in `queries` (the same space, but for decoding's heads).
+inline AmxTile packed_amx_tile(const AmxKernels& amx, const AmxSpace& keys, const AmxSpace& queries, float q_scale,
+                               int64_t d, int64_t key, int64_t ldv) {
+  return AmxTile{&amx,
+                 keys.k->get() + key * d,
+                 keys.split ? keys.k_lo() + key * d : nullptr,
+                 keys.vt->get() + key,
+                 keys.split ? keys.vt_lo() + key : nullptr,
+                 ldv,
+                 queries.qv.get(),
+                 queries.qv_lo(),
+                 keys.pv.get(),
+                 keys.pv_lo(),
+                 q_scale};
+}
+
+// Streams key tiles [n_begin, n_end) of those `tr` asks for through the query tile of ws and
+// `queries` (packed, our tile configuration loaded), each packed into `keys` as it comes.
+template <class KeyRows>
+void attend_amx_per_tile(Workspace<float>& ws, AmxSpace& keys, const AmxSpace& queries, const AmxKernels& amx,
+                         const TileKernels<float>& kern, const TileConfig<float>& cfg, const core::TileRange& tr,
+                         int64_t n_begin, int64_t n_end, const KeyRows& key_rows) {
+  const int64_t tile_ldv = packed_stride(ws.block_n, 2);
+  keys.reserve(tile_ldv * ws.d);
+  keys.b = -1;  // the buffers no longer hold a whole head
+  attend_tiles(ws, kern, cfg, tr, n_begin, n_end, [&](int64_t k0, int64_t nk) {
+    pack_amx_keys(key_rows, k0, nk, ws.block_n, ws.d, amx, keys, tile_ldv);
+    return packed_amx_tile(amx, keys, queries, cfg.q_scale, ws.d, 0, tile_ldv);
+  });
+}
+
 // One query tile (its state already reset in ws) against keys [0, sk) of head (b, hk), whose rows
 // key_rows(key) gives: packs Q, packs the head's K and V^T unless `as` holds them, and streams the
 // key tiles `tr` asks for. Heads whose K and V^T would pass max_pack_bytes are packed per key tile.
@@ -177,34 +215,19 @@ void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const
   const int64_t d = ws.d, bn = ws.block_n;
   pack_amx_queries(ws, q_row, amx, as);
   const AmxScope scope(amx);
-  AmxTile tile{&amx, nullptr, nullptr, nullptr, nullptr, 0, as.qv.get(), as.qv_lo(), as.pv.get(), as.pv_lo(),
-               cfg.q_scale};
-  auto place = [&](int64_t key, int64_t ldv) {
-    tile.k = as.k->get() + key * d;
-    tile.k_lo = as.split ? as.k_lo() + key * d : nullptr;
-    tile.vt = as.vt->get() + key;
-    tile.vt_lo = as.split ? as.vt_lo() + key : nullptr;
-    tile.ldv = ldv;
-    return tile;
-  };
   const int64_t padded = ceil_div(sk, bn) * bn, head_ldv = packed_stride(padded, 2);
-  if ((padded + head_ldv) * d * 2 * (as.split ? 2 : 1) <= max_pack_bytes) {
-    as.reserve(head_ldv * d);
-    if (as.b != b || as.hk != hk) {
-      pack_amx_keys(key_rows, 0, sk, bn, d, amx, as, head_ldv);
-      as.b = b;
-      as.hk = hk;
-    }
-    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t) { return place(k0, head_ldv); });
-  } else {
-    const int64_t tile_ldv = packed_stride(bn, 2);
-    as.reserve(tile_ldv * d);
-    as.b = -1;  // the buffers no longer hold a whole head
-    attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end, [&](int64_t k0, int64_t nk) {
-      pack_amx_keys(key_rows, k0, nk, bn, d, amx, as, tile_ldv);
-      return place(0, tile_ldv);
-    });
+  if ((padded + head_ldv) * d * 2 * (as.split ? 2 : 1) > max_pack_bytes) {
+    attend_amx_per_tile(ws, as, as, amx, kern, cfg, tr, tr.n_begin, tr.n_end, key_rows);
+    return;
   }
+  as.reserve(head_ldv * d);
+  if (as.b != b || as.hk != hk) {
+    pack_amx_keys(key_rows, 0, sk, bn, d, amx, as, head_ldv);
+    as.b = b;
+    as.hk = hk;
+  }
+  attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end,
+               [&](int64_t k0, int64_t) { return packed_amx_tile(amx, as, as, cfg.q_scale, d, k0, head_ldv); });
 }
 
 // The query tile's rows out: o~ / l (core::finalize_scale) rounded to bf16 or fp16 by the AMX

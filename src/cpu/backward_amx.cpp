@@ -1,7 +1,8 @@
 // The backward tile arithmetic of bf16 and fp16 problems on AMX tiles (the build gives *_amx.cpp
 // files the AVX-512, AVX512-BF16 and AMX flags); backward.cpp calls it only when the engine's level
-// is amx, the problem is bf16 or fp16 and the head dim a multiple of 32. The steps are backward_tile_impl.h's
-// (its softmax and dS arithmetic on the fp32 score tiles) with the five products as tile products,
+// is amx, the problem is bf16 or fp16 and the head dim a multiple of 32. The steps are
+// backward_tile_impl.h's (its softmax and dS arithmetic on the fp32 score tiles) with the five
+// products as tile products,
 // each operand in the form the tiles want: A as bf16 rows [m][k], B as VNNI words [k/2][n] (the
 // bf16 pair of rows 2r and 2r + 1 of each column in one 32-bit word). Q, K, V and dO arrive as
 // their bf16 rows (exact); the fixed tile of a task is packed once (TileOps::key_tile,
@@ -12,7 +13,7 @@
 // fp16 problems (TileStep::split) take every operand as its exact bf16 hi and lo halves and every
 // product as three tile products, as the forward does (amx.h); P and dS are split too, so they
 // keep 16 significant bits. Each operand's lo half lies right after its hi half in the same buffer
-// (Operand).
+// (Operands).
 #if defined(__x86_64__)
 
 #include <immintrin.h>

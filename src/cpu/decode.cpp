@@ -5,24 +5,28 @@
 //   2. attention: the rows of a query tile are all the query heads that share one KV head, times
 //      the new tokens (row r = token * group + head-in-group), so each K/V row is read once per
 //      tile. Each sequence's visible key tiles are cut into num_splits chunks computed in parallel
-//      as partial (o, lse) states, then merged with core::MergeState (the merge_states rule).
+//      (each chunk for every KV head, tile by tile: kDecodeBlockN) as partial (o, lse) states, then
+//      merged with core::MergeState (the merge_states rule).
 //
 // The automatic split count depends only on the problem, never on the number of threads, so results
 // are the same whatever num_threads is.
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "api/backends.h"
+#include "cpu/amx_engine.h"
 #include "cpu/attn_engine.h"
 #include "cpu/parallel.h"
 
 namespace flashattn::cpu {
 namespace {
 
-// Automatic splits aim at this many independent tasks: enough to keep 64 threads busy when
-// batch * heads_kv is small, without making chunks shorter than kMinSplitTiles key tiles.
+// Automatic splits aim at this many independent tasks: enough to keep 64 threads busy when the
+// batch is small, without making chunks shorter than kMinSplitTiles key tiles; where the splits
+// cannot get there (short caches), the KV heads are dealt out in groups too.
 constexpr int64_t kTargetTasks = 64;
 constexpr int64_t kMinSplitTiles = 2;
 
@@ -63,82 +67,154 @@ void append(const Cache& c) {
       }
 }
 
+// Keys per tile. A task reads one key tile of every KV head before the next tile: the heads' rows
+// of a key lie side by side in the cache, so the tile's rows of all heads are one run of memory,
+// read at the machine's full read bandwidth; head after head, each head's rows lie a row of all
+// heads apart, and the reads ran at about half of it (2 cores: 12.8 against 20-24 GB/s). Tiles of
+// 64 keys keep all heads' rows of a tile in L2.
+constexpr int64_t kDecodeBlockN = 256;
+
+// A worker's space: the query tile and softmax state of each KV head (with the AMX kernels, its Q
+// packed in amx_heads), and one space more whose key tile buffers take each head's keys in turn, so
+// that they stay in L1.
 template <class T>
-void attend(const Cache& c, const TileKernels<T>& kern) {
+struct DecodeSpace {
+  std::vector<std::unique_ptr<Workspace<T>>> heads;
+  std::vector<std::unique_ptr<AmxSpace>> amx_heads;
+  std::unique_ptr<Workspace<T>> keys;
+  std::unique_ptr<AmxSpace> amx_keys;
+};
+
+// amx: the AMX kernels for a bf16 cache (amx.h), or null for the float (or double) kernels.
+// Few query rows meet each key here, and the float kernels keep rows in vector lanes, so with 4 rows
+// three quarters of their lanes idle; a tile product pads the rows to 16 as well, at 16 times the
+// multiply-adds per cycle, which leaves the reads of the cache as the cost.
+template <class T>
+void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const core::DecodeParams& p = c.p;
-  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv;
+  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv, hkv = p.heads_kv;
   const int64_t rows = group * p.seqlen_new;            // rows per KV head
-  const int64_t bm = block_rows(d);
+  const int64_t bm = amx ? kAmxBlockM : block_rows(d), bn = kDecodeBlockN;
   const int64_t row_tiles = ceil_div(rows, bm);
   const int64_t tile_rows = std::min(rows, bm);         // rows of the largest tile
-  const int64_t units = p.batch * p.heads_kv * row_tiles;
-  if (units == 0) return;
+  // A workspace as tall as the largest tile, in whole micro-tiles (48 rows: a multiple of every
+  // level's row alignment), not block_rows(d): a task holds one per KV head.
+  const int64_t ws_rows = std::min(bm, ceil_div(tile_rows, 48) * 48);
+  const int64_t units = p.batch * row_tiles;            // (sequence, row tile) pairs
+  if (units == 0 || hkv == 0) return;
 
   int64_t max_tiles = 1;
-  for (int64_t b = 0; b < p.batch; ++b) max_tiles = std::max(max_tiles, ceil_div(c.keys(b), kBlockN));
+  for (int64_t b = 0; b < p.batch; ++b) max_tiles = std::max(max_tiles, ceil_div(c.keys(b), bn));
   int64_t splits = p.num_splits > 0 ? p.num_splits
                                     : std::clamp(ceil_div(kTargetTasks, units), int64_t(1),
                                                  std::max<int64_t>(1, max_tiles / kMinSplitTiles));
   splits = std::min(splits, max_tiles);  // more chunks than key tiles would only add empty ones
+  const int64_t group_heads = ceil_div(hkv, std::clamp(ceil_div(kTargetTasks, units * splits), int64_t(1), hkv));
+  const int64_t head_groups = ceil_div(hkv, group_heads);
+  const int64_t tasks = units * head_groups * splits;  // each: key tiles of one split, for group_heads KV heads
 
-  // Partial states of every (unit, split) when splitting: [unit][split][row][d] and [unit][split][row].
+  // Partial states of every (sequence, KV head, row tile, split) when splitting:
+  // [b][hk][row tile][split][row][d] and [b][hk][row tile][split][row].
   std::vector<T> part_o, part_lse;
   if (splits > 1) {
-    part_o.resize(size_t(units * splits * tile_rows * d));
-    part_lse.resize(size_t(units * splits * tile_rows));
+    part_o.resize(size_t(units * hkv * splits * tile_rows * d));
+    part_lse.resize(size_t(units * hkv * splits * tile_rows));
   }
+  auto part_at = [&](int64_t b, int64_t hk, int64_t rt, int64_t split, int64_t i) {
+    return (((b * hkv + hk) * row_tiles + rt) * splits + split) * tile_rows + i;
+  };
   const int64_t esize = c.esize;
   const DType lse_type = p.dtype == DType::f64 ? DType::f64 : DType::f32;
   auto mask_of = [&](int64_t b) { return core::MaskSpec{p.seqlen_new, c.keys(b), p.window_left, p.window_right}; };
 
-  const int workers = workers_for(units * splits, p.num_threads);
-  std::vector<std::unique_ptr<Workspace<T>>> spaces(static_cast<size_t>(workers));
-  parallel_for(units * splits, p.num_threads, [&](int64_t task, int worker) {
-    auto& slot = spaces[size_t(worker)];
-    if (!slot) slot = std::make_unique<Workspace<T>>(d);
-    Workspace<T>& ws = *slot;
-    const int64_t unit = task / splits, split = task % splits;
-    const int64_t b = unit / (p.heads_kv * row_tiles);
-    const int64_t hk = (unit / row_tiles) % p.heads_kv;
-    const int64_t r0 = (unit % row_tiles) * bm, r1 = std::min(rows, r0 + bm);
+  const int workers = workers_for(tasks, p.num_threads);
+  std::vector<DecodeSpace<T>> spaces(static_cast<size_t>(workers));
+  parallel_for(tasks, p.num_threads, [&](int64_t task, int worker) {
+    DecodeSpace<T>& space = spaces[size_t(worker)];
+    if (space.heads.empty()) {
+      for (int64_t g = 0; g < group_heads; ++g) {
+        space.heads.push_back(std::make_unique<Workspace<T>>(d, ws_rows, bn, amx == nullptr));
+        if (amx) space.amx_heads.push_back(std::make_unique<AmxSpace>(d, ws_rows, bn, false));
+      }
+      if (amx) space.amx_keys = std::make_unique<AmxSpace>(d, ws_rows, bn, false);
+      else space.keys = std::make_unique<Workspace<T>>(d, ws_rows, bn);
+    }
+    const int64_t unit = task / (head_groups * splits), split = task % splits;
+    const int64_t b = unit / row_tiles, rt = unit % row_tiles;
+    const int64_t hk0 = (task / splits) % head_groups * group_heads, hk1 = std::min(hkv, hk0 + group_heads);
+    const int64_t r0 = rt * bm, r1 = std::min(rows, r0 + bm);
     const TileConfig<T> cfg = make_config<T>(p.dtype, p.scale, p.softcap, mask_of(b));
     auto token = [&](int64_t i) { return (r0 + i) / group; };
-    auto head = [&](int64_t i) { return hk * group + (r0 + i) % group; };
-
-    begin_tile(
-        ws, kern, cfg, r1 - r0,
-        [&](int64_t i) { return static_cast<const char*>(p.q) + esize * p.q_s.offset(b, token(i), head(i)); }, token);
-    core::TileRange tr = core::tile_range(cfg.mask, token(0), token(r1 - r0 - 1) + 1, kBlockN);
+    auto head = [&](int64_t hk, int64_t i) { return hk * group + (r0 + i) % group; };
+    const core::TileRange tr = core::tile_range(cfg.mask, token(0), token(r1 - r0 - 1) + 1, bn);
     const int64_t per_split = ceil_div(tr.n_end - tr.n_begin, splits);
     const int64_t n_begin = std::min(tr.n_end, tr.n_begin + split * per_split);
     const int64_t n_end = std::min(tr.n_end, n_begin + per_split);
-    auto key_rows = [&](int64_t key) {
-      return std::pair<const void*, const void*>(c.k_row(b, key, hk), c.v_row(b, key, hk));
+    auto q_rows = [&](int64_t hk) {
+      return [&, hk](int64_t i) {
+        return static_cast<const char*>(p.q) + esize * p.q_s.offset(b, token(i), head(hk, i));
+      };
     };
-    attend_tiles(ws, kern, cfg, tr, n_begin, n_end, packed_per_tile(ws, kern, p.dtype, key_rows));
+    auto key_rows = [&](int64_t hk) {
+      return [&, hk](int64_t key) {
+        return std::pair<const void*, const void*>(c.k_row(b, key, hk), c.v_row(b, key, hk));
+      };
+    };
 
-    for (int64_t i = 0; i < ws.rows; ++i) {
-      if (splits > 1) {
-        const int64_t at = (task * tile_rows + i);
-        T* o = part_o.data() + at * d;
-        part_lse[size_t(at)] = finish_row(ws, cfg, i, [&](int64_t x, T val) { o[x] = val; });
-      } else {
-        char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(i));
-        T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
-        if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(i)), lse);
+    bool on_tiles = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx) {
+        for (int64_t hk = hk0; hk < hk1; ++hk) {
+          Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
+          reset_tile(ws, kern.row_align, cfg, r1 - r0, token);
+          pack_amx_queries(ws, q_rows(hk), *amx, *space.amx_heads[size_t(hk - hk0)]);
+        }
+        const AmxScope scope(*amx);
+        for (int64_t n = n_begin; n < n_end; ++n)
+          for (int64_t hk = hk0; hk < hk1; ++hk)
+            attend_amx_per_tile(*space.heads[size_t(hk - hk0)], *space.amx_keys, *space.amx_heads[size_t(hk - hk0)],
+                                *amx, kern, cfg, tr, n, n + 1, key_rows(hk));
+        on_tiles = true;
+      }
+    }
+    if (!on_tiles) {
+      Workspace<T>& keys = *space.keys;
+      for (int64_t hk = hk0; hk < hk1; ++hk) {
+        Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
+        begin_tile(ws, kern, cfg, r1 - r0, q_rows(hk), token);
+      }
+      for (int64_t n = n_begin; n < n_end; ++n)
+        for (int64_t hk = hk0; hk < hk1; ++hk)
+          attend_tiles(*space.heads[size_t(hk - hk0)], kern, cfg, tr, n, n + 1, [&](int64_t k0, int64_t nk) {
+            load_keys(keys, kern, p.dtype, k0, nk, key_rows(hk));
+            return PackedTile<T>{keys.kt.get(), keys.vt.get()};
+          });
+    }
+
+    for (int64_t hk = hk0; hk < hk1; ++hk) {
+      const Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
+      for (int64_t i = 0; i < ws.rows; ++i) {
+        if (splits > 1) {
+          const int64_t at = part_at(b, hk, rt, split, i);
+          T* o = part_o.data() + at * d;
+          part_lse[size_t(at)] = finish_row(ws, cfg, i, [&](int64_t x, T val) { o[x] = val; });
+        } else {
+          char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i));
+          T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
+          if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(hk, i)), lse);
+        }
       }
     }
   });
   if (splits == 1) return;
 
   // Merge the splits of each row: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
-  parallel_for(units, p.num_threads, [&](int64_t unit, int) {
-    const int64_t b = unit / (p.heads_kv * row_tiles);
-    const int64_t hk = (unit / row_tiles) % p.heads_kv;
-    const int64_t r0 = (unit % row_tiles) * bm, r1 = std::min(rows, r0 + bm);
+  parallel_for(units * hkv, p.num_threads, [&](int64_t job, int) {
+    const int64_t b = job / (hkv * row_tiles), hk = (job / row_tiles) % hkv, rt = job % row_tiles;
+    const int64_t r0 = rt * bm, r1 = std::min(rows, r0 + bm);
     std::vector<T> acc(static_cast<size_t>(d));
     for (int64_t i = 0; i < r1 - r0; ++i) {
-      auto at = [&](int64_t s) { return (unit * splits + s) * tile_rows + i; };
+      auto at = [&](int64_t s) { return part_at(b, hk, rt, s, i); };
       core::MergeState<T> ms;
       for (int64_t s = 0; s < splits; ++s) ms.see(part_lse[size_t(at(s))]);
       std::fill(acc.begin(), acc.end(), T(0));
@@ -161,10 +237,14 @@ void attend(const Cache& c, const TileKernels<T>& kern) {
 void decode(const core::DecodeParams& p) {
   Cache c{p, dtype_size(p.dtype)};
   if (p.append) append(c);
-  if (p.dtype == DType::f64)
-    attend<double>(c, double_kernels());
-  else
-    attend<float>(c, float_kernels());
+  if (p.dtype == DType::f64) return attend<double>(c, double_kernels(), nullptr);
+  // bf16 caches only: an fp16 one would take three tile products and the split of every row
+  // (amx.h), which measured slower here than the float kernels (b=1, 8 KV heads, 8k-32k keys).
+  const AmxKernels* amx = nullptr;
+#if defined(__x86_64__)
+  if (p.dtype == DType::bf16 && p.head_dim % 32 == 0 && active_level() == KernelLevel::amx) amx = &amx_kernels();
+#endif
+  attend<float>(c, float_kernels(), amx);
 }
 
 }  // namespace flashattn::cpu

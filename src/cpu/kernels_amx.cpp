@@ -275,6 +275,23 @@ void pack_q(const uint16_t* staged, int64_t d, uint32_t* qv, int64_t mpad, int64
   transpose_words(staged, cols, d, qv + i0, mpad);
 }
 
+// 32 staged rows of V -> 32 columns of V^T: the rows' values paired into 32-bit words (keys 2p and
+// 2p + 1 of one head-dim column x, the first in the low half), then 16 x 16 blocks of words
+// transposed in registers, so that row x of V^T gets its 32 values in two 64-byte stores.
+void pack_vt(const uint16_t* staged, int64_t d, uint16_t* vt, int64_t ldv, int64_t j0) {
+  __m512i r[16];
+  for (int64_t x0 = 0; x0 < d; x0 += 16) {
+    for (int p = 0; p < 16; ++p) {
+      const auto* even = reinterpret_cast<const __m256i*>(staged + 2 * p * d + x0);
+      const auto* odd = reinterpret_cast<const __m256i*>(staged + (2 * p + 1) * d + x0);
+      r[p] = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(even)),
+                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(odd)), 16));
+    }
+    transpose16(r);
+    for (int q = 0; q < 16; ++q) _mm512_storeu_si512(vt + (x0 + q) * ldv + j0, r[q]);
+  }
+}
+
 // Rows i < rows (a multiple of 16) of O~^T [d][mpad], times scale[i], as bf16 or fp16 into out[i]
 // (null: a padding row, not written): 16 x 16 blocks transposed in registers, so each row goes out
 // in 32-byte stores.
@@ -297,7 +314,7 @@ void finish(const float* ot, int64_t mpad, int64_t rows, int64_t d, const float*
 }  // namespace
 
 const AmxKernels& amx_kernels() {
-  static const AmxKernels k{&begin, &end, &split_f16, &pack_q, &scores, &softmax, &accumulate, &finish};
+  static const AmxKernels k{&begin, &end, &split_f16, &pack_q, &pack_vt, &scores, &softmax, &accumulate, &finish};
   return k;
 }
 

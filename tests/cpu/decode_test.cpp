@@ -216,6 +216,21 @@ TEST(Decode, SplitCountsAgree) {
   }
 }
 
+// A task takes one split of the keys for a group of KV heads, tile by tile across the group (the
+// heads' rows of a key lie side by side). The group size follows from the (sequence, split) count
+// against decode.cpp's 64 tasks: with 6 KV heads, one sequence gives groups of one head, four
+// sequences in 5 splits groups of two, sixteen in 4 splits one group of all six.
+TEST(Decode, HeadGroupsCoverEveryHead) {
+  std::vector<int32_t> sixteen;
+  for (int32_t i = 0; i < 16; ++i) sixteen.push_back(100 + 67 * i);
+  for (DType t : {DType::f32, DType::bf16})
+    for (const auto& [lens, splits] : std::vector<std::pair<std::vector<int32_t>, int32_t>>{
+             {{1100}, 0}, {{1100}, 1}, {{600, 1100, 300, 900}, 5}, {sixteen, 4}}) {
+      Case c{.dtype = t, .lens = lens, .sn = 2, .hq = 24, .hkv = 6, .causal = true, .splits = splits};
+      run_and_check(c, 31);
+    }
+}
+
 TEST(Decode, RowsThatSeeNothingAreZeroWithNegInfLse) {
   // No append and causal: with 2 cached keys and 4 new queries, queries 0 and 1 see no key.
   Case c{.lens = {2, 0}, .sn = 4, .hq = 2, .append = false, .causal = true};
