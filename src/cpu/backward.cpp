@@ -129,6 +129,7 @@ struct Scratch {
   std::vector<int64_t> lo, hi;
   std::vector<uint16_t> pack;  // the AMX products' operands (bwd::TileStep::pack), when they run
   std::vector<uint16_t> q16, dout16, k16, v16;     // the AMX steps' Q, dO, K and V rows
+  std::vector<uint16_t> q_rows, do_rows;           // a one-pass task's Q and dO rows, all its query tiles
   std::vector<uint32_t> kt_words, vt_words, k_words;  // the key tile's packs
   std::vector<uint32_t> qt_words, dot_words;          // the query tile's (two-pass dQ)
 
@@ -297,6 +298,11 @@ class Backward {
                        Scratch<Acc, G>& w) const {
     load_pair(w.q.data(), w.q16.data(), p_.q, p_.q_s, w.dout.data(), w.dout16.data(), p_.dout, p_.do_s, b,
               s.q_tok0 + r0, rows, h, transposed);
+    row_ranges(s, r0, w);
+  }
+
+  // The visible key range of each row of the query tile at r0.
+  void row_ranges(const Seq& s, int64_t r0, Scratch<Acc, G>& w) const {
     const core::MaskSpec mask = mask_of(s);
     for (int64_t i = 0; i < tile_; ++i) {
       w.lo[size_t(i)] = mask.lo(r0 + i);
@@ -372,6 +378,21 @@ class Backward {
     w.acc_q.assign(size_t(p_.group() * per_head), G(0));
     bwd::TileStep<Acc, G> st = step_for(w, false);
     st.k = w.k_rows.data();
+    // The AMX steps' 16-bit Q and dO rows of every query tile of the group, made once here instead
+    // of at every step (each query tile meets every key tile it sees; splitting fp16 rows into
+    // halves at each meeting took 15% of an fp16 backward), within the dQ accumulator's bound.
+    const int64_t block16 = tile_ * d_ * (kSplit ? 2 : 1);
+    const bool rows_once = kAmx && 2 * p_.group() * q_tiles * block16 * 2 <= kMaxDqBytes;
+    if (rows_once) {
+      w.q_rows.resize(size_t(p_.group() * q_tiles * block16));
+      w.do_rows.resize(w.q_rows.size());
+      for (int64_t h = h0; h < h0 + p_.group(); ++h)
+        for (int64_t m = 0; m < q_tiles; ++m) {
+          const int64_t at = ((h - h0) * q_tiles + m) * block16, r0 = m * tile_;
+          copy_rows16(w.q_rows.data() + at, p_.q, p_.q_s, t.b, s.q_tok0 + r0, std::min(tile_, s.sq - r0), h);
+          copy_rows16(w.do_rows.data() + at, p_.dout, p_.do_s, t.b, s.q_tok0 + r0, std::min(tile_, s.sq - r0), h);
+        }
+    }
     for (int64_t c0 = 0; c0 < s.sk; c0 += tile_) {
       const int64_t cols = std::min(tile_, s.sk - c0), n = c0 / tile_;
       load_key_tile(s, t.b, t.head, c0, cols, true, w);
@@ -386,7 +407,14 @@ class Backward {
           const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
           const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
           if (n < range.n_begin || n >= range.n_end) continue;
-          load_query_tile(s, t.b, h, r0, rows, false, w);
+          if (rows_once) {
+            const int64_t at = ((h - h0) * q_tiles + m) * block16;
+            st.q16 = w.q_rows.data() + at;
+            st.dout16 = w.do_rows.data() + at;
+            row_ranges(s, r0, w);
+          } else {
+            load_query_tile(s, t.b, h, r0, rows, false, w);
+          }
           tile_statistics(s, h, r0, rows, w);
           st.masked = range.needs_mask(n);
           st.dq = w.acc_q.data() + (h - h0) * per_head + r0 * d_;

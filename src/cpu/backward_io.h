@@ -69,11 +69,21 @@ void load_tile_transposed(Acc* dst, int64_t tile_rows, const void* src, const co
   for (int64_t x = 0; x < d; ++x) std::fill(dst + x * tile_rows + rows, dst + (x + 1) * tile_rows, Acc(0));
 }
 
-// The first `rows` rows of an accumulator tile, times `mul`, into head h of a strided tensor.
+// The first `rows` rows of an accumulator tile, times `mul`, into head h of a strided tensor; into
+// 16-bit rows by the float kernels' vector rounding where the head dim allows (element by element,
+// the gradients' stores took 9% of an fp16 backward on AMX).
 template <class T, class Acc>
 void store_tile(void* dst, const core::Strides& s, int64_t b, int64_t tok0, int64_t rows, int64_t h, int64_t d,
                 const Acc* src, Acc mul) {
   T* base = static_cast<T*>(dst);
+  if constexpr (std::is_same_v<Acc, float> && (std::is_same_v<T, core::half_t> || std::is_same_v<T, core::bfloat16_t>)) {
+    if (d % 8 == 0) {
+      const TileKernels<float>& kern = float_kernels();
+      const DType t = std::is_same_v<T, core::half_t> ? DType::f16 : DType::bf16;
+      for (int64_t i = 0; i < rows; ++i) kern.narrow(src + i * d, mul, t, base + s.offset(b, tok0 + i, h), d);
+      return;
+    }
+  }
   for (int64_t i = 0; i < rows; ++i) {
     T* row = base + s.offset(b, tok0 + i, h);
     for (int64_t x = 0; x < d; ++x) row[x] = store_as<T>(src[i * d + x] * mul);

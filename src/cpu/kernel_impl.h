@@ -236,6 +236,7 @@ TileKernels<typename V::T> make_kernels(KernelLevel level) {
   t.softmax = &softmax<V>;
   t.accumulate = &accumulate<V>;
   t.widen = &V::widen;
+  t.narrow = &V::narrow;
   return t;
 }
 

@@ -47,6 +47,31 @@ struct Avx2 {
   static reg exp2(reg x) { return exp2_poly<Avx2>(x); }
   static reg tanh(reg x) { return tanh_poly<Avx2>(x); }
 
+  // core::to_bf16 on 8 values: round to nearest even on the bits, NaN quieted.
+  static __m128i bf16_bits(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+    // Both 128-bit lanes' four words into the low 64 bits of each, then those two together.
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+  }
+
+  // n is a multiple of 8 (a head dimension).
+  static void narrow(const float* src, float mul, DType t, void* dst, int64_t n) {
+    auto* d = static_cast<uint16_t*>(dst);
+    const __m256 m = _mm256_set1_ps(mul);
+    for (int64_t i = 0; i < n; i += 8) {
+      const __m256 x = _mm256_mul_ps(m, _mm256_loadu_ps(src + i));
+      const __m128i h = t == DType::f16 ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                                        : bf16_bits(x);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+    }
+  }
+
   // n is a multiple of 8 (a head dimension).
   static void widen(const void* src, DType t, float* dst, int64_t n) {
     auto* s = static_cast<const uint16_t*>(src);

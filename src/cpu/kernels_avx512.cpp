@@ -49,6 +49,31 @@ struct Avx512 {
   static reg exp2(reg x) { return exp2_poly<Avx512>(x); }
   static reg tanh(reg x) { return tanh_poly<Avx512>(x); }
 
+  // core::to_bf16 on 16 values: round to nearest even on the bits, NaN quieted.
+  static __m256i bf16_bits(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+  }
+
+  // n is a multiple of 8 (a head dimension): 16 at a time, then a last 8 through a 16-wide masked
+  // load and store.
+  static void narrow(const float* src, float mul, DType t, void* dst, int64_t n) {
+    auto* d = static_cast<uint16_t*>(dst);
+    const __m512 m = _mm512_set1_ps(mul);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 live = n - i >= 16 ? __mmask16(0xffff) : __mmask16(0xff);
+      const __m512 x = _mm512_mul_ps(m, _mm512_maskz_loadu_ps(live, src + i));
+      const __m256i h = t == DType::f16 ? _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                                        : bf16_bits(x);
+      _mm256_mask_storeu_epi16(d + i, live, h);
+    }
+  }
+
   // n is a multiple of 8 (a head dimension): 16 at a time, then a last 8 with the 256-bit forms.
   static void widen(const void* src, DType t, float* dst, int64_t n) {
     auto* s = static_cast<const uint16_t*>(src);

@@ -32,6 +32,15 @@ struct Scalar {
   static T exp2(T x) { return core::exp2_(x); }
   static T tanh(T x) { return std::tanh(x); }
 
+  static void narrow(const T* src, T mul, DType t, void* dst, int64_t n) {
+    if (t == DType::f16) {
+      auto* d = static_cast<core::half_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = core::to_half(float(src[i] * mul));
+    } else {
+      auto* d = static_cast<core::bfloat16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = core::to_bf16(float(src[i] * mul));
+    }
+  }
   static void widen(const void* src, DType t, T* dst, int64_t n) {
     if (t == DType::f16) {
       auto* s = static_cast<const core::half_t*>(src);

@@ -52,6 +52,9 @@ struct TileKernels {
                      const T* f, T* ot);
   // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
   void (*widen)(const void* src, DType t, T* dst, int64_t n);
+  // dst[0, n) = mul * src rounded to nearest even into f16 or bf16: the values of core::to_half and
+  // core::to_bf16 (a NaN may keep other payload bits). n a multiple of 8; float tables only.
+  void (*narrow)(const T* src, T mul, DType t, void* dst, int64_t n);
 };
 
 // Tables of each level; the SIMD ones exist only on x86-64 builds.
