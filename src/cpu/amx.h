@@ -12,7 +12,7 @@
 //   P^T rounded to bf16 (nearest even) into PV [keys/2][mpad] words, pairs of consecutive keys:
 //       the B tile of O~^T, written by the softmax itself. P's row sums l stay those of the fp32
 //       P, as on the GPU.
-// K and V^T hold keys up to a multiple of 64, the padding zero, so a last partial key tile reads
+// K and V^T hold keys up to a multiple of 32, the padding zero, so a last partial key tile reads
 // finite values; P^T is zero past nk.
 //
 // fp16 has 11 significant bits to bf16's 8, so an fp16 operand enters as two bf16 operands of the

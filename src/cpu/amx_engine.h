@@ -103,13 +103,14 @@ void pack_amx_queries(const Workspace<float>& ws, const QRow& q_row, const AmxKe
   }
 }
 
-// Keys [k0, k0 + n) of a head into K rows [n rounded up to block_n][d] and V^T [d][ldv] (and their
-// lo halves), the padding zero; 32 keys at a time, K and V together, each group's rows prefetched a
-// group ahead (prefetch_rows).
+// Keys [k0, k0 + n) of a head into K rows [n rounded up to 32][d] and V^T [d][ldv] (and their lo
+// halves), the padding zero: the products read a tile's keys up to its end rounded up to 32, and
+// every tile starts at a multiple of 32. 32 keys at a time, K and V together, each group's rows
+// prefetched a group ahead (prefetch_rows).
 template <class KeyRows>
-void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t block_n, int64_t d, const AmxKernels& amx,
-                   AmxSpace& as, int64_t ldv) {
-  const int64_t padded = ceil_div(n, block_n) * block_n;
+void pack_amx_keys(const KeyRows& key_rows, int64_t k0, int64_t n, int64_t d, const AmxKernels& amx, AmxSpace& as,
+                   int64_t ldv) {
+  const int64_t padded = ceil_div(n, 32) * 32;
   uint16_t* const ks[2] = {as.k->get(), as.k_lo()};
   uint16_t* const vts[2] = {as.vt->get(), as.vt_lo()};
   auto prefetch_group = [&](int64_t j0) {
@@ -200,7 +201,7 @@ void attend_amx_per_tile(Workspace<float>& ws, AmxSpace& keys, const AmxSpace& q
   keys.reserve(tile_ldv * ws.d);
   keys.b = -1;  // the buffers no longer hold a whole head
   attend_tiles(ws, kern, cfg, tr, n_begin, n_end, [&](int64_t k0, int64_t nk) {
-    pack_amx_keys(key_rows, k0, nk, ws.block_n, ws.d, amx, keys, tile_ldv);
+    pack_amx_keys(key_rows, k0, nk, ws.d, amx, keys, tile_ldv);
     return packed_amx_tile(amx, keys, queries, cfg.q_scale, ws.d, 0, tile_ldv);
   });
 }
@@ -222,7 +223,7 @@ void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const
   }
   as.reserve(head_ldv * d);
   if (as.b != b || as.hk != hk) {
-    pack_amx_keys(key_rows, 0, sk, bn, d, amx, as, head_ldv);
+    pack_amx_keys(key_rows, 0, sk, d, amx, as, head_ldv);
     as.b = b;
     as.hk = hk;
   }
