@@ -1,9 +1,11 @@
-// AVX-512 helpers of the AMX files (kernels_amx.cpp, backward_amx.cpp), which alone include this
-// header: both are compiled with the AMX and AVX512-BF16 flags, and everything here has internal
-// linkage, so no copy of it is shared with code compiled for other levels.
+// AVX-512 and tile helpers of the AMX files (kernels_amx.cpp, backward_amx.cpp), which alone include
+// this header: both are compiled with the AMX and AVX512-BF16 flags, and everything here has
+// internal linkage, so no copy of it is shared with code compiled for other levels.
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
 
 #include "cpu/amx.h"
 
@@ -38,6 +40,81 @@ inline void split_pair_words(__m512 even, __m512 odd, __m512i* hi, __m512i* lo) 
   const __m512i idx = _mm512_load_si512(kAmxPairInterleave);
   *hi = _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(even_hi), odd_hi, 1));
   *lo = _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(even_lo), odd_lo, 1));
+}
+
+// ---- blocks of tile products ---------------------------------------------------------------------
+// Every product of the AMX files runs on a block of MA x NB (1 or 2 each) 16 x 16 fp32 results in
+// tiles 0-3 (tile 2a + b holds the block's rows 16a.., columns 16b..), A operands in tiles 4-5 and
+// B operands in 6-7, all configured as 16 rows x 64 bytes. The tile intrinsics name their registers
+// by literal numbers (GCC expands them into the instruction text), so the block shapes are spelled
+// out with `if constexpr` rather than indexed.
+
+// The block's results at c, rows ldc floats apart: zeroed, loaded or stored.
+template <int MA, int NB>
+void zero_block() {
+  _tile_zero(0);
+  if constexpr (NB == 2) _tile_zero(1);
+  if constexpr (MA == 2) _tile_zero(2);
+  if constexpr (MA == 2 && NB == 2) _tile_zero(3);
+}
+
+template <int MA, int NB>
+void load_block(const float* c, int64_t ldc) {
+  _tile_loadd(0, c, ldc * 4);
+  if constexpr (NB == 2) _tile_loadd(1, c + 16, ldc * 4);
+  if constexpr (MA == 2) _tile_loadd(2, c + 16 * ldc, ldc * 4);
+  if constexpr (MA == 2 && NB == 2) _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+template <int MA, int NB>
+void store_block(float* c, int64_t ldc) {
+  _tile_stored(0, c, ldc * 4);
+  if constexpr (NB == 2) _tile_stored(1, c + 16, ldc * 4);
+  if constexpr (MA == 2) _tile_stored(2, c + 16 * ldc, ldc * 4);
+  if constexpr (MA == 2 && NB == 2) _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+// block += A B over k values of the reduction (a multiple of 32), 32 at a time: A as bf16 rows lda
+// apart from a (its second 16 rows 16 * lda further), B as VNNI words [k/2] rows ldb apart from b
+// (its second 16 columns 16 further). Split (fp16 problems, amx.h): a_lo and b_lo hold the operands'
+// lo halves, and each step adds A_hi B_hi and then the two cross products, A_hi B_lo first, or with
+// LoFirst A_lo B_hi first (the order follows the operands' roles where a product must match its
+// transpose bit for bit: backward_amx.cpp).
+template <int MA, int NB, bool Split, bool LoFirst = false>
+void add_products(const uint16_t* a, const uint16_t* a_lo, int64_t lda, const uint32_t* b, const uint32_t* b_lo,
+                  int64_t ldb, int64_t k) {
+  auto load_a = [&](const uint16_t* from, int64_t x) {
+    _tile_loadd(4, from + x, lda * 2);
+    if constexpr (MA == 2) _tile_loadd(5, from + 16 * lda + x, lda * 2);
+  };
+  auto load_b = [&](const uint32_t* from, int64_t x) {
+    _tile_loadd(6, from + (x / 2) * ldb, ldb * 4);
+    if constexpr (NB == 2) _tile_loadd(7, from + (x / 2) * ldb + 16, ldb * 4);
+  };
+  auto products = [] {
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NB == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MA == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MA == 2 && NB == 2) _tile_dpbf16ps(3, 5, 7);
+  };
+  for (int64_t x = 0; x < k; x += 32) {
+    load_a(a, x);
+    load_b(b, x);
+    products();
+    if constexpr (Split && !LoFirst) {
+      load_b(b_lo, x);
+      products();
+      load_a(a_lo, x);
+      load_b(b, x);
+      products();
+    } else if constexpr (Split) {
+      load_a(a_lo, x);
+      products();
+      load_a(a, x);
+      load_b(b_lo, x);
+      products();
+    }
+  }
 }
 
 // r[0..16) <- their transpose (16 x 16 32-bit words), in three rounds: pairs of rows interleaved

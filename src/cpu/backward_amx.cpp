@@ -87,65 +87,19 @@ void pack_a(const float* a, int64_t m, int64_t k, Operand<uint16_t> out) {
   else pack_a_as<TransA, false>(a, m, k, out);
 }
 
-// C[32][32] block (i, j) of C[m][n] (+)= A B: tiles 0-3 the four 16 x 16 blocks of C, loaded from
-// C to accumulate, 4-5 A, 6-7 B. Split: per 32 values of the reduction, A_hi B_hi and then the two
-// cross products, A_hi B_lo first, or with LoFirst A_lo B_hi first. The order is the operands'
-// roles' (S^T = K Q^T must add Q_hi K_lo before Q_lo K_hi, as S = Q K^T does), so that the
-// schedules that compute a product in either orientation give bitwise the same values.
+// C[32][32] block (i, j) of C[m][n] (+)= A B (amx_simd.h add_products; Split, LoFirst as there: the
+// order of the cross products is the operands' roles', so that S^T = K Q^T adds Q_hi K_lo before
+// Q_lo K_hi, as S = Q K^T does, and the schedules that compute a product in either orientation give
+// bitwise the same values).
 template <bool Split, bool LoFirst>
 void block_product(Operand<const uint16_t> a, Operand<const uint32_t> b, int64_t k, int64_t n, int64_t i, int64_t j,
                    float* c, bool accumulate) {
-  const int64_t c_stride = n * 4;
-  float* c0 = c + i * n + j;
-  float* c2 = c0 + 16 * n;
-  if (accumulate) {
-    _tile_loadd(0, c0, c_stride);
-    _tile_loadd(1, c0 + 16, c_stride);
-    _tile_loadd(2, c2, c_stride);
-    _tile_loadd(3, c2 + 16, c_stride);
-  } else {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  const int64_t a_stride = k * 2, b_stride = n * 4;
-  auto load_a = [&](const uint16_t* ab, int64_t x) {
-    _tile_loadd(4, ab + i * k + x, a_stride);
-    _tile_loadd(5, ab + (i + 16) * k + x, a_stride);
-  };
-  auto load_b = [&](const uint32_t* bv, int64_t x) {
-    _tile_loadd(6, bv + (x / 2) * n + j, b_stride);
-    _tile_loadd(7, bv + (x / 2) * n + j + 16, b_stride);
-  };
-  auto products = [] {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  };
-  for (int64_t x = 0; x < k; x += 32) {
-    load_a(a.hi, x);
-    load_b(b.hi, x);
-    products();
-    if constexpr (Split && !LoFirst) {
-      load_b(b.lo, x);
-      products();
-      load_a(a.lo, x);
-      load_b(b.hi, x);
-      products();
-    } else if constexpr (Split) {
-      load_a(a.lo, x);
-      products();
-      load_a(a.hi, x);
-      load_b(b.lo, x);
-      products();
-    }
-  }
-  _tile_stored(0, c0, c_stride);
-  _tile_stored(1, c0 + 16, c_stride);
-  _tile_stored(2, c2, c_stride);
-  _tile_stored(3, c2 + 16, c_stride);
+  float* block = c + i * n + j;
+  if (accumulate) load_block<2, 2>(block, n);
+  else zero_block<2, 2>();
+  add_products<2, 2, Split, LoFirst>(a.hi + i * k, Split ? a.lo + i * k : nullptr, k, b.hi + j,
+                                     Split ? b.lo + j : nullptr, n, k);
+  store_block<2, 2>(block, n);
 }
 
 // C[m][n] (+)= A[m][k] B: A bf16 rows (k apart), B VNNI words [k/2][n]; m, n, k multiples of 32.

@@ -1,13 +1,7 @@
 // The AMX-BF16 products of the forward (amx.h). Compiled with the AVX-512, AVX512-BF16 and AMX flags
 // (see CMakeLists.txt), so it is called only when the CPU and the OS offer all of them.
 //
-// Every tile register is configured as 16 rows x 64 bytes: tiles 0-3 hold a 2 x 2 block of fp32
-// results (16 x 16 each), tiles 4-5 two A operands (16 rows x 32 bf16) and 6-7 two B operands (16
-// pairs of rows x 16 columns, VNNI). The tile intrinsics name their registers by literal numbers
-// (GCC's expand them into the instruction text), so the block shapes 1-2 x 1-2 are spelled out
-// with `if constexpr` rather than indexed. With fp16 inputs (Split), a block takes its three
-// products A_hi B_hi, A_hi B_lo and A_lo B_hi (amx.h) in one pass over the reduction, reloading the
-// operand registers in between.
+// The tiles are configured as amx_simd.h's blocks of tile products describe.
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -50,41 +44,9 @@ void end(const AmxSavedState* saved) {
 template <int KB, int RB, bool Split>
 void scores_block(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, const uint32_t* qv, const uint32_t* qv_lo,
                   int64_t d, int64_t mpad, float* st) {
-  const int64_t k_stride = ldk * 2, q_stride = mpad * 4, s_stride = mpad * 4;
-  auto load_k = [&](const uint16_t* a, int64_t x) {
-    _tile_loadd(4, a + x, k_stride);
-    if constexpr (KB == 2) _tile_loadd(5, a + 16 * ldk + x, k_stride);
-  };
-  auto load_q = [&](const uint32_t* b, int64_t x) {
-    _tile_loadd(6, b + (x / 2) * mpad, q_stride);
-    if constexpr (RB == 2) _tile_loadd(7, b + (x / 2) * mpad + 16, q_stride);
-  };
-  auto products = [] {
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
-    if constexpr (KB == 2) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (KB == 2 && RB == 2) _tile_dpbf16ps(3, 5, 7);
-  };
-  _tile_zero(0);
-  if constexpr (RB == 2) _tile_zero(1);
-  if constexpr (KB == 2) _tile_zero(2);
-  if constexpr (KB == 2 && RB == 2) _tile_zero(3);
-  for (int64_t x = 0; x < d; x += 32) {
-    load_k(k, x);
-    load_q(qv, x);
-    products();
-    if constexpr (Split) {
-      load_q(qv_lo, x);
-      products();
-      load_k(k_lo, x);
-      load_q(qv, x);
-      products();
-    }
-  }
-  _tile_stored(0, st, s_stride);
-  if constexpr (RB == 2) _tile_stored(1, st + 16, s_stride);
-  if constexpr (KB == 2) _tile_stored(2, st + 16 * mpad, s_stride);
-  if constexpr (KB == 2 && RB == 2) _tile_stored(3, st + 16 * mpad + 16, s_stride);
+  zero_block<KB, RB>();
+  add_products<KB, RB, Split>(k, k_lo, ldk, qv, qv_lo, mpad, d);
+  store_block<KB, RB>(st, mpad);
 }
 
 template <bool Split>
@@ -203,41 +165,9 @@ void rescale(const float* f, int64_t rows, int64_t mpad, int64_t d, float* ot) {
 template <int RB, bool Split>
 void accumulate_block(const uint16_t* vt, const uint16_t* vt_lo, int64_t ldv, int64_t keys, const uint32_t* pv,
                       const uint32_t* pv_lo, int64_t mpad, float* ot) {
-  const int64_t v_stride = ldv * 2, p_stride = mpad * 4, o_stride = mpad * 4;
-  auto load_v = [&](const uint16_t* a, int64_t j) {
-    _tile_loadd(4, a + j, v_stride);
-    _tile_loadd(5, a + 16 * ldv + j, v_stride);
-  };
-  auto load_p = [&](const uint32_t* b, int64_t j) {
-    _tile_loadd(6, b + (j / 2) * mpad, p_stride);
-    if constexpr (RB == 2) _tile_loadd(7, b + (j / 2) * mpad + 16, p_stride);
-  };
-  auto products = [] {
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (RB == 2) _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    if constexpr (RB == 2) _tile_dpbf16ps(3, 5, 7);
-  };
-  _tile_loadd(0, ot, o_stride);
-  if constexpr (RB == 2) _tile_loadd(1, ot + 16, o_stride);
-  _tile_loadd(2, ot + 16 * mpad, o_stride);
-  if constexpr (RB == 2) _tile_loadd(3, ot + 16 * mpad + 16, o_stride);
-  for (int64_t j = 0; j < keys; j += 32) {
-    load_v(vt, j);
-    load_p(pv, j);
-    products();
-    if constexpr (Split) {
-      load_p(pv_lo, j);
-      products();
-      load_v(vt_lo, j);
-      load_p(pv, j);
-      products();
-    }
-  }
-  _tile_stored(0, ot, o_stride);
-  if constexpr (RB == 2) _tile_stored(1, ot + 16, o_stride);
-  _tile_stored(2, ot + 16 * mpad, o_stride);
-  if constexpr (RB == 2) _tile_stored(3, ot + 16 * mpad + 16, o_stride);
+  load_block<2, RB>(ot, mpad);
+  add_products<2, RB, Split>(vt, vt_lo, ldv, pv, pv_lo, mpad, keys);
+  store_block<2, RB>(ot, mpad);
 }
 
 template <bool Split>
