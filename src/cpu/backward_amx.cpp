@@ -141,10 +141,15 @@ struct Operands {
   Operand<const uint32_t> words(const uint32_t* p) const { return halves(p, t * d / 2, split); }
   Operand<const uint16_t> a() const { return {pack_a.hi, pack_a.lo}; }
   Operand<const uint32_t> b() const { return {pack_b.hi, pack_b.lo}; }
-  // Rows [m][n] of a 16-bit buffer (and its lo rows) paired into pack_b's words.
-  void pair(const uint16_t* x, int64_t m, int64_t n) const {
-    pair_rows(x, m, n, pack_b.hi);
-    if (split) pair_rows(x + t * d, m, n, pack_b.lo);
+  // Rows [m][n] of a 16-bit buffer (and its lo rows) paired into words (pair_rows) at out, or
+  // transposed into words [d/2][m] (transpose_words; m rows of d values), and likewise the lo halves.
+  void pair(const uint16_t* x, int64_t m, int64_t n, uint32_t* out) const {
+    pair_rows(x, m, n, out);
+    if (split) pair_rows(x + t * d, m, n, out + t * d / 2);
+  }
+  void transpose(const uint16_t* x, int64_t m, uint32_t* out) const {
+    transpose_words(x, m, d, out, m);
+    if (split) transpose_words(x + t * d, m, d, out + t * d / 2, m);
   }
   int64_t t, d;
   bool split;
@@ -152,26 +157,19 @@ struct Operands {
   Operand<uint32_t> pack_b;
 };
 
-// A fixed tile's rows [n][d] (and lo rows) -> words transposed [d/2][n] (and lo words).
-void transpose_halves(const Operands& ops, const uint16_t* x, int64_t n, uint32_t* out) {
-  transpose_words(x, n, ops.d, out, n);
-  if (ops.split) transpose_words(x + ops.t * ops.d, n, ops.d, out + ops.t * ops.d / 2, n);
-}
-
 // The key tile's B operands, once per key tile (TileOps::key_tile), from its bf16 rows.
 void key_tile(const TileStep<float, float>& st) {
   const Operands ops(st);
-  transpose_halves(ops, st.k16, st.bn, st.kt_words);
-  transpose_halves(ops, st.v16, st.bn, st.vt_words);
-  pair_rows(st.k16, st.bn, st.d, st.k_words);
-  if (ops.split) pair_rows(st.k16 + ops.t * ops.d, st.bn, st.d, st.k_words + ops.t * ops.d / 2);
+  ops.transpose(st.k16, st.bn, st.kt_words);
+  ops.transpose(st.v16, st.bn, st.vt_words);
+  ops.pair(st.k16, st.bn, st.d, st.k_words);
 }
 
 // The query tile's B operands, once per dQ task (TileOps::query_tile), from its bf16 rows.
 void query_tile(const TileStep<float, float>& st) {
   const Operands ops(st);
-  transpose_halves(ops, st.q16, st.bm, st.qt_words);
-  transpose_halves(ops, st.dout16, st.bm, st.dot_words);
+  ops.transpose(st.q16, st.bm, st.qt_words);
+  ops.transpose(st.dout16, st.bm, st.dot_words);
 }
 
 // backward_tile_impl.h's steps on operands already in the tiles' forms where they can be: Q, dO,
@@ -187,12 +185,12 @@ void amx_dkdv_step(const TileStep<float, float>& st) {
   product(ops.rows(st.q16), ops.words(st.kt_words), st.p, bm, bn, d, false);  // S = Q K^T
   probabilities<false, float, 16>(st);
   pack_a<true>(st.p, bn, bm, ops.pack_a);
-  ops.pair(st.dout16, bm, d);
+  ops.pair(st.dout16, bm, d, ops.pack_b.hi);
   product(ops.a(), ops.b(), st.dv, bn, d, bm, true);  // dV += P^T dO
   product(ops.rows(st.dout16), ops.words(st.vt_words), st.dp, bm, bn, d, false);  // dP = dO V^T
   score_grad<false, float>(st);
   pack_a<true>(st.p, bn, bm, ops.pack_a);
-  ops.pair(st.q16, bm, d);
+  ops.pair(st.q16, bm, d, ops.pack_b.hi);
   product(ops.a(), ops.b(), st.dk, bn, d, bm, true);  // dK += dS^T Q
 }
 
@@ -213,7 +211,7 @@ void amx_dq_step(const TileStep<float, float>& st) {
   product(ops.rows(st.v16), ops.words(st.dot_words), st.dp, bn, bm, d, false, true);  // dP^T = V dO^T
   score_grad<true, float>(st);
   pack_a<true>(st.p, bm, bn, ops.pack_a);
-  ops.pair(st.k16, bn, d);
+  ops.pair(st.k16, bn, d, ops.pack_b.hi);
   product(ops.a(), ops.b(), st.dq, bm, d, bn, true);  // dQ += dS K
 }
 
