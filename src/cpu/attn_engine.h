@@ -65,22 +65,26 @@ inline int64_t packed_stride(int64_t d, int64_t elem_bytes) {
   return (lines % 2 == 0 ? lines + 1 : lines) * line;
 }
 
+// Which float operand tiles a Workspace holds: all of them; the query tile alone (decoding's heads
+// share one workspace's key tiles, decode.cpp); or none (the AMX path brings its operands in its
+// own forms, amx_engine.h).
+enum class FloatTiles { all, queries, none };
+
 // One worker's scratch space: O(block_m * d + block_n * d) values. block_m query rows at most per
-// tile, block_n keys per key tile (kBlockN, or the AMX path's own). The AMX path brings its
-// operands in its own forms (amx_engine.h) and has no use for the float Q^T, K and V tiles.
+// tile, block_n keys per key tile (kBlockN, or the AMX path's own).
 template <class T>
 struct Workspace {
   explicit Workspace(int64_t head_dim, int64_t rows_per_tile = 0, int64_t keys_per_tile = kBlockN,
-                     bool float_operands = true)
+                     FloatTiles tiles = FloatTiles::all)
       : d(head_dim),
         ld(packed_stride(head_dim, sizeof(T))),
         block_m(rows_per_tile > 0 ? rows_per_tile : block_rows(head_dim)),
         block_n(keys_per_tile),
-        qt(float_operands ? d * block_m : 0),
+        qt(tiles != FloatTiles::none ? d * block_m : 0),
         ot(d * block_m),
         st(block_n * block_m),
-        kt(float_operands ? block_n * ld : 0),
-        vt(float_operands ? block_n * ld : 0) {}
+        kt(tiles == FloatTiles::all ? block_n * ld : 0),
+        vt(tiles == FloatTiles::all ? block_n * ld : 0) {}
   int64_t d, ld, block_m, block_n;
   AlignedArray<T> qt, ot, st;  // [d][mpad], [d][mpad], [block_n][mpad]
   AlignedArray<T> kt, vt;      // the current key / value tile, [block_n][ld]
@@ -138,15 +142,16 @@ void reset_tile(Workspace<T>& ws, int64_t row_align, const TileConfig<T>& cfg, i
 }
 
 // Starts a query tile (reset_tile) whose row i has its q values at q_row(i), and packs Q^T (scaled,
-// zero-padded to mpad). Rows are first copied whole into the (still free) key buffer, so the reads
-// from the tensor are row-contiguous, then transposed from there.
+// zero-padded to mpad). Rows are first copied whole into a free key buffer (ws's own, or that of
+// `keys` when ws holds no key tiles), so the reads from the tensor are row-contiguous, then
+// transposed from there.
 template <class T, class QRow, class Pos>
 void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t rows,
-                const QRow& q_row, const Pos& pos) {
+                const QRow& q_row, const Pos& pos, const Workspace<T>* keys = nullptr) {
   reset_tile(ws, kern.row_align, cfg, rows, pos);
   const int64_t d = ws.d;
   T* qt = ws.qt.get();
-  T* staged = ws.kt.get();
+  T* staged = (keys ? keys : &ws)->kt.get();
   for (int64_t r0 = 0; r0 < ws.mpad; r0 += ws.block_n) {
     const int64_t r1 = r0 + ws.block_n < ws.mpad ? r0 + ws.block_n : ws.mpad;
     for (int64_t i = r0; i < r1 && i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), staged + (i - r0) * ws.ld, d);

@@ -137,7 +137,8 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
     DecodeSpace<T>& space = spaces[size_t(worker)];
     if (space.heads.empty()) {
       for (int64_t g = 0; g < group_heads; ++g) {
-        space.heads.push_back(std::make_unique<Workspace<T>>(d, ws_rows, bn, amx == nullptr));
+        space.heads.push_back(
+            std::make_unique<Workspace<T>>(d, ws_rows, bn, amx ? FloatTiles::none : FloatTiles::queries));
         if (amx) space.amx_heads.push_back(std::make_unique<AmxSpace>(d, ws_rows, bn, false));
       }
       if (amx) space.amx_keys = std::make_unique<AmxSpace>(d, ws_rows, bn, false);
@@ -185,7 +186,7 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
       Workspace<T>& keys = *space.keys;
       for (int64_t hk = hk0; hk < hk1; ++hk) {
         Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
-        begin_tile(ws, kern, cfg, r1 - r0, q_rows(hk), token);
+        begin_tile(ws, kern, cfg, r1 - r0, q_rows(hk), token, &keys);
       }
       for (int64_t n = n_begin; n < n_end; ++n)
         for (int64_t hk = hk0; hk < hk1; ++hk)

@@ -104,7 +104,7 @@ void run(const core::ForwardParams& p, const TileKernels<T>& kern, const AmxKern
 
   parallel_for(int64_t(tasks.size()), p.num_threads, [&](int64_t t, int worker) {
     auto& slot = spaces[size_t(worker)];
-    if (!slot) slot = std::make_unique<Workspace<T>>(d, bm, bn, amx == nullptr);
+    if (!slot) slot = std::make_unique<Workspace<T>>(d, bm, bn, amx ? FloatTiles::none : FloatTiles::all);
     Workspace<T>& ws = *slot;
     const Task& task = tasks[size_t(t)];
     const Span s = span_of(p, task.b);
