@@ -57,7 +57,8 @@ def main():
           f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds, "
           f"ours on {args.our_layout}")
     dtype = DTYPES[args.dtype]
-    print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
+    if args.shapes:
+        print("  b   h     s    d causal | fwd ours  torch  ratio | fwd+bwd ours  torch  ratio | GFLOP/s fwd, fwd+bwd (ours)")
     for shape in filter(None, args.shapes.split(";")):
         b, h, s, d, causal = (int(x) for x in shape.split(","))
         causal = bool(causal)

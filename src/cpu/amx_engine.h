@@ -28,7 +28,8 @@ inline constexpr int64_t kAmxBlockN = 256;
 // scratch, and K rows and V^T of one (sequence, KV head), packed once and reused by the worker's
 // next query tiles of that head; a head past max_pack_bytes is packed a key tile at a time instead.
 // For fp16 inputs (split) each operand has its lo half beside it (amx.h), at a fixed offset:
-// lo_q (qv, pv), 32 * d (staged) and capacity (k, vt).
+// lo_q (qv, pv), 32 * d (staged) and capacity (k, vt). block_n 0: a space for a query tile alone,
+// with no P scratch (decoding's heads, whose key tiles share one space).
 struct AmxSpace {
   AmxSpace(int64_t d, int64_t block_m, int64_t block_n, bool split_f16)
       : split(split_f16),

@@ -139,7 +139,8 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
       for (int64_t g = 0; g < group_heads; ++g) {
         space.heads.push_back(
             std::make_unique<Workspace<T>>(d, ws_rows, bn, amx ? FloatTiles::none : FloatTiles::queries));
-        if (amx) space.amx_heads.push_back(std::make_unique<AmxSpace>(d, ws_rows, bn, false));
+        // A head's Q alone: no key tiles (0), as amx_keys holds the keys and the P scratch.
+        if (amx) space.amx_heads.push_back(std::make_unique<AmxSpace>(d, ws_rows, 0, false));
       }
       if (amx) space.amx_keys = std::make_unique<AmxSpace>(d, ws_rows, bn, false);
       else space.keys = std::make_unique<Workspace<T>>(d, ws_rows, bn);
