@@ -54,10 +54,10 @@ struct AmxKernels {
   // 32 rows staged [32][d] bf16 (keys j0..j0 + 31 of V) -> columns j0..j0 + 31 of V^T [d][ldv]
   // (j0 even).
   void (*pack_vt)(const uint16_t* staged, int64_t d, uint16_t* vt, int64_t ldv, int64_t j0);
-  // ST[j][i] = mul * sum_x K[j][x] Q_i[x] for j < nk rounded up to 16, i < rows (a multiple of 16);
+  // ST[j][i] = sum_x K[j][x] Q_i[x] for j < nk rounded up to 16, i < rows (a multiple of 16);
   // K rows ldk elements apart (k_lo likewise); QV and ST rows mpad apart.
   void (*scores)(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, int64_t nk, const uint32_t* qv,
-                 const uint32_t* qv_lo, int64_t d, int64_t rows, int64_t mpad, float mul, float* st);
+                 const uint32_t* qv_lo, int64_t d, int64_t rows, int64_t mpad, float* st);
   // The online-softmax step of TileKernels::softmax over ST (rows are lanes), with P~ going out as
   // bf16 pairs of keys into PV [(nk rounded up to 32) / 2][mpad] words (and its lo halves into
   // pv_lo), zero past nk, instead of back into ST. Its exp2 is accurate to 2.9e-6 relative, not

@@ -150,9 +150,8 @@ struct AmxTile {
   int64_t ldv;
   const uint32_t *qv, *qv_lo;
   uint32_t *pv, *pv_lo;
-  float mul;  // TileConfig::q_scale, which the float path folds into its Q^T
   void scores(Workspace<float>& ws, const TileKernels<float>&, int64_t nk, int64_t i0, int64_t rows) const {
-    amx->scores(k, k_lo, ws.d, nk, qv + i0, qv_lo ? qv_lo + i0 : nullptr, ws.d, rows, ws.mpad, mul, ws.st.get() + i0);
+    amx->scores(k, k_lo, ws.d, nk, qv + i0, qv_lo ? qv_lo + i0 : nullptr, ws.d, rows, ws.mpad, ws.st.get() + i0);
   }
   void softmax(Workspace<float>& ws, const TileKernels<float>&, float c, int64_t nk, int64_t i0, int64_t rows) const {
     amx->softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0, pv, pv_lo);
@@ -177,8 +176,8 @@ class AmxScope {
 
 // The key tile at `key` of the K and V^T packs in `keys` (V^T rows ldv apart, P^T going to its P
 // scratch), against the query tile packed in `queries` (the same space, but for decoding's heads).
-inline AmxTile packed_amx_tile(const AmxKernels& amx, const AmxSpace& keys, const AmxSpace& queries, float q_scale,
-                               int64_t d, int64_t key, int64_t ldv) {
+inline AmxTile packed_amx_tile(const AmxKernels& amx, const AmxSpace& keys, const AmxSpace& queries, int64_t d,
+                               int64_t key, int64_t ldv) {
   return AmxTile{&amx,
                  keys.k->get() + key * d,
                  keys.split ? keys.k_lo() + key * d : nullptr,
@@ -188,8 +187,7 @@ inline AmxTile packed_amx_tile(const AmxKernels& amx, const AmxSpace& keys, cons
                  queries.qv.get(),
                  queries.qv_lo(),
                  keys.pv.get(),
-                 keys.pv_lo(),
-                 q_scale};
+                 keys.pv_lo()};
 }
 
 // Streams key tiles [n_begin, n_end) of those `tr` asks for through the query tile of ws and
@@ -203,7 +201,7 @@ void attend_amx_per_tile(Workspace<float>& ws, AmxSpace& keys, const AmxSpace& q
   keys.b = -1;  // the buffers no longer hold a whole head
   attend_tiles(ws, kern, cfg, tr, n_begin, n_end, [&](int64_t k0, int64_t nk) {
     pack_amx_keys(key_rows, k0, nk, ws.d, amx, keys, tile_ldv);
-    return packed_amx_tile(amx, keys, queries, cfg.q_scale, ws.d, 0, tile_ldv);
+    return packed_amx_tile(amx, keys, queries, ws.d, 0, tile_ldv);
   });
 }
 
@@ -229,7 +227,7 @@ void attend_amx(Workspace<float>& ws, AmxSpace& as, const AmxKernels& amx, const
     as.hk = hk;
   }
   attend_tiles(ws, kern, cfg, tr, tr.n_begin, tr.n_end,
-               [&](int64_t k0, int64_t) { return packed_amx_tile(amx, as, as, cfg.q_scale, d, k0, head_ldv); });
+               [&](int64_t k0, int64_t) { return packed_amx_tile(amx, as, as, d, k0, head_ldv); });
 }
 
 // The query tile's rows out: o~ / l (core::finalize_scale) rounded to bf16 or fp16 by the AMX

@@ -7,9 +7,11 @@
 // used, never anything of size N x N or N x d.
 //
 // Scores: without a softcap the tile holds q.k and the softmax scale is applied inside the
-// exponent, exp2((s - m) * scale * log2(e)); with a softcap the query tile is pre-multiplied by
-// scale / softcap and the tile holds softcap * tanh(scale * q.k / softcap), exponentiated with
-// factor log2(e). Either way every exponential is an exp2 (core/softmax_state.h), and the
+// exponent, exp2((s - m) * scale * log2(e)); with a softcap the tile's q.k are multiplied by
+// scale / softcap inside the softcap pass and the tile holds softcap * tanh(scale * q.k / softcap),
+// exponentiated with factor log2(e). (Multiplying q by scale / softcap before the products instead
+// rounded every term of q.k once more: at softcap 0.25 and d = 256 an f32 lse then missed the
+// accuracy rule, found by the fuzzer.) Either way every exponential is an exp2 (core/softmax_state.h), and the
 // difference s - m is taken before scaling, so large scores (q.k ~ 1e4) lose no precision.
 #pragma once
 
@@ -97,7 +99,7 @@ struct Workspace {
 template <class T>
 struct TileConfig {
   DType dtype;       // storage type of q, k, v
-  T q_scale;         // multiplies q: scale / softcap, or 1 without a softcap
+  T q_scale;         // multiplies q.k before the softcap: scale / softcap, or 1 without a softcap
   T softcap;         // 0 = off
   T exp2_scale;      // c in exp2((s - m) * c): scale * log2(e), or log2(e) with a softcap
   double lse_scale;  // the same c in double, to turn m into the exp2 domain at the end
@@ -141,8 +143,8 @@ void reset_tile(Workspace<T>& ws, int64_t row_align, const TileConfig<T>& cfg, i
   for (int64_t e = 0; e < ws.d * ws.mpad; ++e) ot[e] = T(0);
 }
 
-// Starts a query tile (reset_tile) whose row i has its q values at q_row(i), and packs Q^T (scaled,
-// zero-padded to mpad). Rows are first copied whole into a free key buffer (ws's own, or that of
+// Starts a query tile (reset_tile) whose row i has its q values at q_row(i), and packs Q^T
+// (zero-padded to mpad). Rows are first copied whole into a free key buffer (ws's own, or that of
 // `keys` when ws holds no key tiles), so the reads from the tensor are row-contiguous, then
 // transposed from there.
 template <class T, class QRow, class Pos>
@@ -156,7 +158,7 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
     const int64_t r1 = r0 + ws.block_n < ws.mpad ? r0 + ws.block_n : ws.mpad;
     for (int64_t i = r0; i < r1 && i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), staged + (i - r0) * ws.ld, d);
     for (int64_t x = 0; x < d; ++x)
-      for (int64_t i = r0; i < r1; ++i) qt[x * ws.mpad + i] = i < rows ? staged[(i - r0) * ws.ld + x] * cfg.q_scale : T(0);
+      for (int64_t i = r0; i < r1; ++i) qt[x * ws.mpad + i] = i < rows ? staged[(i - r0) * ws.ld + x] : T(0);
   }
 }
 
@@ -255,7 +257,7 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
     T* st = ws.st.get() + i0;
     tile.scores(ws, kern, nk, i0, rows);
     if (cfg.softcap != T(0))
-      for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap);
+      for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap, cfg.q_scale);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
     tile.softmax(ws, kern, cfg.exp2_scale, nk, i0, rows);
     tile.accumulate(ws, kern, nk, i0, rows);

@@ -221,9 +221,9 @@ void softmax(typename V::T* st, int64_t nk, int64_t rows, int64_t mpad, typename
 
 // n is a multiple of W (a whole score tile, nk * mpad).
 template <class V>
-void softcap(typename V::T* x, int64_t n, typename V::T cap) {
-  typename V::reg c = V::set1(cap);
-  for (int64_t i = 0; i < n; i += V::W) V::store(x + i, V::mul(c, V::tanh(V::load(x + i))));
+void softcap(typename V::T* x, int64_t n, typename V::T cap, typename V::T mul) {
+  typename V::reg c = V::set1(cap), m = V::set1(mul);
+  for (int64_t i = 0; i < n; i += V::W) V::store(x + i, V::mul(c, V::tanh(V::mul(m, V::load(x + i)))));
 }
 
 template <class V>

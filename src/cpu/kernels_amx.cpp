@@ -73,14 +73,10 @@ void scores_blocks(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, int64_t
 }
 
 void scores(const uint16_t* k, const uint16_t* k_lo, int64_t ldk, int64_t nk, const uint32_t* qv,
-            const uint32_t* qv_lo, int64_t d, int64_t rows, int64_t mpad, float mul, float* st) {
+            const uint32_t* qv_lo, int64_t d, int64_t rows, int64_t mpad, float* st) {
   const int64_t keys = (nk + 15) / 16 * 16;
   if (k_lo) scores_blocks<true>(k, k_lo, ldk, keys, qv, qv_lo, d, rows, mpad, st);
   else scores_blocks<false>(k, nullptr, ldk, keys, qv, nullptr, d, rows, mpad, st);
-  if (mul == 1.f) return;
-  const __m512 m = _mm512_set1_ps(mul);
-  for (int64_t j = 0; j < keys; ++j)
-    for (int64_t i = 0; i < rows; i += 16) _mm512_storeu_ps(st + j * mpad + i, _mm512_mul_ps(m, _mm512_loadu_ps(st + j * mpad + i)));
 }
 
 // ---- online softmax, P^T to bf16 pairs -----------------------------------------------------------

@@ -40,8 +40,9 @@ struct TileKernels {
   // ST[j][i] = sum_x K[j][x] * QT[x][i] for j < nk, i < rows; K rows are ldk apart, QT and ST
   // rows mpad apart.
   void (*scores)(const T* k, int64_t ldk, int64_t nk, const T* qt, int64_t d, int64_t rows, int64_t mpad, T* st);
-  // x = cap * tanh(x) for n values (softcap; x holds the already divided score).
-  void (*softcap)(T* x, int64_t n, T cap);
+  // x = cap * tanh(mul * x) for n values (softcap; mul = scale / cap turns q.k into the divided
+  // score).
+  void (*softcap)(T* x, int64_t n, T cap, T mul);
   // One online-softmax step over an (already masked) score tile: new max, rescale factor f, P~ in
   // place of the scores, l = f * l + rowsum(P~). The rules of core::SoftmaxState, with m kept in
   // score units and the exp2-domain exponent formed as (s - base) * c.
