@@ -50,6 +50,9 @@ struct AmxSpace {
     k = std::make_unique<AlignedArray<uint16_t>>(capacity * (split ? 2 : 1));
     vt = std::make_unique<AlignedArray<uint16_t>>(capacity * (split ? 2 : 1));
   }
+  size_t bytes() const {
+    return sizeof(*this) + qv.bytes() + pv.bytes() + staged.bytes() + (k ? k->bytes() + vt->bytes() : 0);
+  }
   uint32_t* qv_lo() const { return split ? qv.get() + lo_q : nullptr; }
   uint32_t* pv_lo() const { return split ? pv.get() + lo_q : nullptr; }
   uint16_t* k_lo() const { return split ? k->get() + capacity : nullptr; }

@@ -47,14 +47,17 @@ template <class T>
 class AlignedArray {
  public:
   explicit AlignedArray(int64_t n)
-      : p_(static_cast<T*>(::operator new(size_t(n > 0 ? n : 1) * sizeof(T), std::align_val_t{64}))) {}
+      : p_(static_cast<T*>(::operator new(size_t(n > 0 ? n : 1) * sizeof(T), std::align_val_t{64}))),
+        bytes_(size_t(n > 0 ? n : 1) * sizeof(T)) {}
   ~AlignedArray() { ::operator delete(p_, std::align_val_t{64}); }
   AlignedArray(const AlignedArray&) = delete;
   AlignedArray& operator=(const AlignedArray&) = delete;
   T* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   T* p_;
+  size_t bytes_;
 };
 
 // Row stride of the packed key / value tiles: the head dimension rounded up to whole cache lines,
@@ -93,6 +96,7 @@ struct Workspace {
   alignas(64) T m[kMaxTileRows], l[kMaxTileRows], f[kMaxTileRows];
   int64_t lo[kMaxTileRows], hi[kMaxTileRows];  // visible keys [lo, hi) of each row
   int64_t rows = 0, mpad = 0;
+  size_t bytes() const { return sizeof(*this) + qt.bytes() + ot.bytes() + st.bytes() + kt.bytes() + vt.bytes(); }
 };
 
 // What a tile's arithmetic needs to know about the problem.

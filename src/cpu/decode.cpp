@@ -11,8 +11,10 @@
 // The automatic split count depends only on the problem, never on the number of threads, so results
 // are the same whatever num_threads is.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -81,11 +83,100 @@ constexpr int64_t kDecodeBlockN = 256;
 // keys in turn.
 template <class T>
 struct DecodeSpace {
+  int64_t d = 0, rows = 0;
+  bool amx = false;
   std::vector<std::unique_ptr<Workspace<T>>> heads;
   std::vector<std::unique_ptr<AmxSpace>> amx_heads;
   std::unique_ptr<Workspace<T>> keys;
   std::unique_ptr<AmxSpace> amx_keys;
+
+  // Room for group_heads heads of head dim d_ and rows_ query rows, keeping what already fits.
+  void fit(int64_t d_, int64_t rows_, int64_t group_heads, bool amx_) {
+    if (d != d_ || rows != rows_ || amx != amx_) {
+      *this = DecodeSpace{};
+      d = d_;
+      rows = rows_;
+      amx = amx_;
+    }
+    while (int64_t(heads.size()) < group_heads) {
+      heads.push_back(std::make_unique<Workspace<T>>(d, rows, kDecodeBlockN, amx ? FloatTiles::none : FloatTiles::queries));
+      // A head's Q alone: no key tiles (0), as amx_keys holds the keys and the P scratch.
+      if (amx) amx_heads.push_back(std::make_unique<AmxSpace>(d, rows, 0, false));
+    }
+    if (amx && !amx_keys) amx_keys = std::make_unique<AmxSpace>(d, rows, kDecodeBlockN, false);
+    if (!amx && !keys) keys = std::make_unique<Workspace<T>>(d, rows, kDecodeBlockN);
+  }
+  size_t bytes() const {
+    size_t n = sizeof(*this) + (keys ? keys->bytes() : 0) + (amx_keys ? amx_keys->bytes() : 0);
+    for (const auto& h : heads) n += h->bytes();
+    for (const auto& h : amx_heads) n += h->bytes();
+    return n;
+  }
 };
+
+// What a call works in: a space per worker, the splits' partial states, and the count of finished
+// splits of each (sequence, row tile, head group), whose last split merges them.
+template <class T>
+struct DecodeScratch {
+  std::vector<std::unique_ptr<DecodeSpace<T>>> spaces;
+  std::vector<T> part_o, part_lse;
+  std::unique_ptr<std::atomic<int64_t>[]> done;
+  int64_t done_size = 0;
+
+  size_t bytes() const {
+    size_t n = sizeof(*this) + (part_o.capacity() + part_lse.capacity()) * sizeof(T) +
+               size_t(done_size) * sizeof(std::atomic<int64_t>);
+    for (const auto& s : spaces) n += s ? s->bytes() : 0;
+    return n;
+  }
+};
+
+// Scratch outlives a call. A decode step at a short cache takes tens of microseconds, and
+// allocating its tiles anew each call took longer: glibc maps large blocks fresh and unmaps them at
+// free, so every call faulted its pages in again (bf16, 32 query heads on 8, d = 128, 16 cached
+// keys, one thread: 129 us a call against 19 with the scratch kept). A call takes the scratch last
+// given back (or a new one; concurrent calls take different ones) and gives it back at the end;
+// the cache keeps up to kKeptBytes in all, the most recently used first, and frees the rest.
+template <class T>
+class ScratchCache {
+ public:
+  static constexpr size_t kKeptBytes = size_t(64) << 20;  // a space of ~1 MB for each of 64 threads
+
+  static ScratchCache& instance() {
+    static ScratchCache* cache = new ScratchCache;  // never destroyed: a call may run at exit
+    return *cache;
+  }
+  std::unique_ptr<DecodeScratch<T>> take() {
+    std::lock_guard<std::mutex> lock(m_);
+    if (kept_.empty()) return std::make_unique<DecodeScratch<T>>();
+    std::unique_ptr<DecodeScratch<T>> s = std::move(kept_.back().first);
+    bytes_ -= kept_.back().second;
+    kept_.pop_back();
+    return s;
+  }
+  void give(std::unique_ptr<DecodeScratch<T>> s) {
+    const size_t n = s->bytes();
+    if (n > kKeptBytes) return;
+    std::lock_guard<std::mutex> lock(m_);
+    kept_.emplace_back(std::move(s), n);
+    bytes_ += n;
+    while (bytes_ > kKeptBytes) {
+      bytes_ -= kept_.front().second;
+      kept_.erase(kept_.begin());
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::pair<std::unique_ptr<DecodeScratch<T>>, size_t>> kept_;
+  size_t bytes_ = 0;
+};
+
+// A worker for each kWorkerBytes of K and V a call reads. Waking a pool thread costs more than it
+// saves on a short cache: on a 2-core VM (bf16, 32 query heads on 8, d = 128) two threads took
+// longer than one up to 2 MB of K and V (512 keys: 171 against 171-206 us), and 1.2x less time at
+// 4 MB (1024 keys). The wake costs less on bare metal, hence 1 MB rather than the VM's break-even.
+constexpr int64_t kWorkerBytes = int64_t(1) << 20;
 
 // amx: the AMX kernels for a bf16 cache (amx.h), or null for the float (or double) kernels.
 // Few query rows meet each key here, and the float kernels keep rows in vector lanes, so with 4 rows
@@ -117,12 +208,28 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const int64_t head_groups = ceil_div(hkv, group_heads);
   const int64_t tasks = units * head_groups * splits;  // each: key tiles of one split, for group_heads KV heads
 
+  // A worker per kWorkerBytes of K and V, within the threads asked for.
+  int64_t kv_bytes = 0;
+  for (int64_t b = 0; b < p.batch; ++b) kv_bytes += c.keys(b) * hkv * d * c.esize * 2;
+  const int threads = int(std::min<int64_t>(p.num_threads > 0 ? p.num_threads : default_threads(),
+                                            std::max<int64_t>(1, kv_bytes / kWorkerBytes)));
+  const int workers = workers_for(tasks, threads);
+  std::unique_ptr<DecodeScratch<T>> scratch = ScratchCache<T>::instance().take();
+  if (scratch->spaces.size() < size_t(workers)) scratch->spaces.resize(size_t(workers));
+
   // Partial states of every (sequence, KV head, row tile, split) when splitting:
   // [b][hk][row tile][split][row][d] and [b][hk][row tile][split][row].
-  std::vector<T> part_o, part_lse;
+  std::vector<T>& part_o = scratch->part_o;
+  std::vector<T>& part_lse = scratch->part_lse;
+  const int64_t groups = units * head_groups;  // (sequence, row tile, head group) triples
   if (splits > 1) {
-    part_o.resize(size_t(units * hkv * splits * tile_rows * d));
-    part_lse.resize(size_t(units * hkv * splits * tile_rows));
+    part_o.resize(std::max(part_o.size(), size_t(units * hkv * splits * tile_rows * d)));
+    part_lse.resize(std::max(part_lse.size(), size_t(units * hkv * splits * tile_rows)));
+    if (scratch->done_size < groups) {
+      scratch->done.reset(new std::atomic<int64_t>[size_t(groups)]);
+      scratch->done_size = groups;
+    }
+    for (int64_t i = 0; i < groups; ++i) scratch->done[i].store(0, std::memory_order_relaxed);
   }
   auto part_at = [&](int64_t b, int64_t hk, int64_t rt, int64_t split, int64_t i) {
     return (((b * hkv + hk) * row_tiles + rt) * splits + split) * tile_rows + i;
@@ -131,20 +238,34 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const DType lse_type = p.dtype == DType::f64 ? DType::f64 : DType::f32;
   auto mask_of = [&](int64_t b) { return core::MaskSpec{p.seqlen_new, c.keys(b), p.window_left, p.window_right}; };
 
-  const int workers = workers_for(tasks, p.num_threads);
-  std::vector<DecodeSpace<T>> spaces(static_cast<size_t>(workers));
-  parallel_for(tasks, p.num_threads, [&](int64_t task, int worker) {
-    DecodeSpace<T>& space = spaces[size_t(worker)];
-    if (space.heads.empty()) {
-      for (int64_t g = 0; g < group_heads; ++g) {
-        space.heads.push_back(
-            std::make_unique<Workspace<T>>(d, ws_rows, bn, amx ? FloatTiles::none : FloatTiles::queries));
-        // A head's Q alone: no key tiles (0), as amx_keys holds the keys and the P scratch.
-        if (amx) space.amx_heads.push_back(std::make_unique<AmxSpace>(d, ws_rows, 0, false));
+  // The splits of each row of row tile rt of (b, hk) merged: o = sum_s w_s o_s / sum_s w_s with
+  // w_s = exp(lse_s - max lse), in split order whichever task runs it.
+  auto merge = [&](int64_t b, int64_t hk, int64_t rt) {
+    const int64_t r0 = rt * bm, r1 = std::min(rows, r0 + bm);
+    alignas(64) T acc[256];  // head_dim <= 256 (validated)
+    for (int64_t i = 0; i < r1 - r0; ++i) {
+      auto at = [&](int64_t s) { return part_at(b, hk, rt, s, i); };
+      core::MergeState<T> ms;
+      for (int64_t s = 0; s < splits; ++s) ms.see(part_lse[size_t(at(s))]);
+      std::fill(acc, acc + d, T(0));
+      for (int64_t s = 0; s < splits; ++s) {
+        T w = ms.add_weight(part_lse[size_t(at(s))]);
+        const T* o = part_o.data() + at(s) * d;
+        for (int64_t x = 0; x < d; ++x) acc[x] += w * o[x];
       }
-      if (amx) space.amx_keys = std::make_unique<AmxSpace>(d, ws_rows, bn, false);
-      else space.keys = std::make_unique<Workspace<T>>(d, ws_rows, bn);
+      const int64_t t = (r0 + i) / group, h = hk * group + (r0 + i) % group;
+      char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, t, h);
+      T scale = ms.out_scale();
+      for (int64_t x = 0; x < d; ++x) store_value(o, p.dtype, x, acc[x] * scale);
+      if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, t, h), ms.lse());
     }
+  };
+
+  parallel_for(tasks, threads, [&](int64_t task, int worker) {
+    std::unique_ptr<DecodeSpace<T>>& slot = scratch->spaces[size_t(worker)];
+    if (!slot) slot = std::make_unique<DecodeSpace<T>>();
+    DecodeSpace<T>& space = *slot;
+    space.fit(d, ws_rows, group_heads, amx != nullptr);
     const int64_t unit = task / (head_groups * splits), split = task % splits;
     const int64_t b = unit / row_tiles, rt = unit % row_tiles;
     const int64_t hk0 = (task / splits) % head_groups * group_heads, hk1 = std::min(hkv, hk0 + group_heads);
@@ -211,31 +332,13 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
         }
       }
     }
+    // The last split of its (sequence, row tile, head group) to finish merges them all: acq_rel
+    // makes the other splits' partial states visible to it.
+    if (splits > 1 && scratch->done[unit * head_groups + hk0 / group_heads].fetch_add(1, std::memory_order_acq_rel) ==
+                          splits - 1)
+      for (int64_t hk = hk0; hk < hk1; ++hk) merge(b, hk, rt);
   });
-  if (splits == 1) return;
-
-  // Merge the splits of each row: o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
-  parallel_for(units * hkv, p.num_threads, [&](int64_t job, int) {
-    const int64_t b = job / (hkv * row_tiles), hk = (job / row_tiles) % hkv, rt = job % row_tiles;
-    const int64_t r0 = rt * bm, r1 = std::min(rows, r0 + bm);
-    std::vector<T> acc(static_cast<size_t>(d));
-    for (int64_t i = 0; i < r1 - r0; ++i) {
-      auto at = [&](int64_t s) { return part_at(b, hk, rt, s, i); };
-      core::MergeState<T> ms;
-      for (int64_t s = 0; s < splits; ++s) ms.see(part_lse[size_t(at(s))]);
-      std::fill(acc.begin(), acc.end(), T(0));
-      for (int64_t s = 0; s < splits; ++s) {
-        T w = ms.add_weight(part_lse[size_t(at(s))]);
-        const T* o = part_o.data() + at(s) * d;
-        for (int64_t x = 0; x < d; ++x) acc[size_t(x)] += w * o[x];
-      }
-      const int64_t t = (r0 + i) / group, h = hk * group + (r0 + i) % group;
-      char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, t, h);
-      T scale = ms.out_scale();
-      for (int64_t x = 0; x < d; ++x) store_value(o, p.dtype, x, acc[size_t(x)] * scale);
-      if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, t, h), ms.lse());
-    }
-  });
+  ScratchCache<T>::instance().give(std::move(scratch));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
@@ -250,8 +251,10 @@ TEST(Decode, RowsThatSeeNothingAreZeroWithNegInfLse) {
       }
 }
 
+// Large enough (10 MB of K and V) that every thread count asked for is used: decode.cpp gives a
+// worker to each 1 MB it reads.
 TEST(Decode, DeterministicAcrossThreadCounts) {
-  Case c{.lens = {800, 3, 260}, .sn = 3, .hq = 8, .hkv = 2, .causal = true};
+  Case c{.lens = {8000, 3, 2600}, .sn = 3, .hq = 8, .hkv = 2, .causal = true};
   c.threads = 1;
   Problem first = make_problem(c, 13);
   flashattn::decode(first.args);
@@ -262,6 +265,43 @@ TEST(Decode, DeterministicAcrossThreadCounts) {
     EXPECT_EQ(p.out.storage, first.out.storage) << "threads " << threads;
     EXPECT_EQ(p.lse.storage, first.lse.storage) << "threads " << threads;
   }
+}
+
+// A call keeps its scratch for the next (decode.cpp's ScratchCache): a call after one of another
+// shape (dtype, head dim, heads per group, split count) must not see its leftovers, and calls from
+// several threads at once each take their own.
+TEST(Decode, ScratchKeptBetweenCallsOfOtherShapes) {
+  const std::vector<Case> cases = {
+      {.lens = {3000}, .sn = 1, .hq = 8, .hkv = 2, .d = 128, .page_size = 0},  // automatic splits > 1
+      {.dtype = DType::bf16, .lens = {5, 900, 40}, .sn = 2, .hq = 12, .hkv = 6, .causal = true},
+      {.lens = {70}, .sn = 1, .hq = 4, .hkv = 4, .d = 256, .splits = 1},
+      {.dtype = DType::f16, .lens = {1500, 700}, .sn = 4, .hq = 8, .hkv = 1, .d = 96, .splits = 7},
+  };
+  // Each against the reference, one after another, then the results every later call must repeat.
+  std::vector<std::vector<unsigned char>> out, lse;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    run_and_check(cases[i], 40 + uint32_t(i));
+    Problem p = make_problem(cases[i], 40 + uint32_t(i));
+    flashattn::decode(p.args);
+    out.push_back(p.out.storage);
+    lse.push_back(p.lse.storage);
+  }
+  // Four threads at once, each through all cases three times, starting at a different case.
+  std::vector<std::vector<std::string>> diffs(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t n = 0; n < 3 * cases.size(); ++n) {
+        const size_t i = (t + n) % cases.size();
+        Problem p = make_problem(cases[i], 40 + uint32_t(i));
+        flashattn::decode(p.args);
+        if (p.out.storage != out[i] || p.lse.storage != lse[i])
+          diffs[t].push_back("thread " + std::to_string(t) + ": " + describe(cases[i]));
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const auto& d : diffs)
+    for (const std::string& m : d) ADD_FAILURE() << m << " differs from its first run";
 }
 
 }  // namespace
