@@ -37,6 +37,13 @@ thread_local bool t_in_job = false;
 // step on many cores would otherwise pay per worker per call. One job runs at a time; a call that
 // finds the pool busy (another user thread, or a nested call from inside a job) starts its own
 // threads instead, as does one that wants more workers than the pool has.
+//
+// A job wakes only the workers - 1 threads it wants and waits only for those that joined it, not
+// for every thread of the pool: a short job (a decode step over a short cache takes one or two
+// workers, decode.cpp) on a many-core machine would otherwise wait for the slowest of all the
+// threads to wake. Threads join under the lock while the job is open, each taking the next worker
+// id; the caller closes the job once its own share is done (its tasks are dealt out dynamically,
+// so it finishes the job alone if no thread joins), and a thread that wakes later takes nothing.
 class Pool {
  public:
   explicit Pool(int threads) {
@@ -44,8 +51,9 @@ class Pool {
   }
   int size() const { return int(threads_.size()); }
 
-  // Runs body(worker) for worker in [0, workers) with the caller as worker 0; false (nothing run)
-  // when the pool is busy.
+  // Runs body(worker) for worker in [0, workers) with the caller as worker 0 (workers that no
+  // thread joined in time are not run; parallel_for's tasks go to those that are); false (nothing
+  // run) when the pool is busy.
   bool run(int workers, const std::function<void(int)>& body) {
     if (t_in_job) return false;
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
@@ -54,49 +62,47 @@ class Pool {
       std::lock_guard<std::mutex> lock(m_);
       body_ = &body;
       workers_ = workers;
-      next_id_.store(1);
-      active_ = size();
+      next_id_ = 1;
       ++generation_;
     }
-    wake_.notify_all();
+    for (int i = 1; i < workers; ++i) wake_.notify_one();
     t_in_job = true;
     body(0);
     t_in_job = false;
     std::unique_lock<std::mutex> lock(m_);
+    body_ = nullptr;  // closed
     done_.wait(lock, [this] { return active_ == 0; });
-    body_ = nullptr;
     return true;
   }
 
  private:
   void loop() {
     uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(m_);
     for (;;) {
-      std::unique_lock<std::mutex> lock(m_);
       wake_.wait(lock, [&] { return generation_ != seen; });
       seen = generation_;
+      if (body_ == nullptr || next_id_ >= workers_) continue;  // closed, or every worker taken
       const std::function<void(int)>* body = body_;
-      const int workers = workers_;
+      const int id = next_id_++;
+      ++active_;
       lock.unlock();
-      const int id = next_id_.fetch_add(1);
-      if (id < workers) {
-        t_in_job = true;
-        (*body)(id);
-        t_in_job = false;
-      }
+      t_in_job = true;
+      (*body)(id);
+      t_in_job = false;
       lock.lock();
       if (--active_ == 0) done_.notify_one();
     }
   }
 
   std::mutex busy_;  // held by the caller of the running job
-  std::mutex m_;
+  std::mutex m_;     // guards everything below
   std::condition_variable wake_, done_;
   uint64_t generation_ = 0;
-  const std::function<void(int)>* body_ = nullptr;
+  const std::function<void(int)>* body_ = nullptr;  // the open job, or null
   int workers_ = 0;
-  std::atomic<int> next_id_{1};
-  int active_ = 0;  // pool threads not yet done with the current job
+  int next_id_ = 1;
+  int active_ = 0;  // threads that joined the current job and are not done with it
   std::vector<std::thread> threads_;
 };
 
