@@ -234,6 +234,7 @@ Output decode(const DecodeArgs& a, Precision precision) {
   r.out.assign(size_t(p.batch * sn * hq * d), 0.0);
   r.lse.assign(size_t(p.batch * hq * sn), -kInf);
   int64_t group = hq / p.heads_kv;
+  if (sn == 0) return r;  // no query rows: nothing to attend (and no row to point at)
   // One task per (sequence, head), each writing only its own rows (as in forward).
   cpu::parallel_for(p.batch * hq, 0, [&](int64_t task, int) {
     const int64_t b = task / hq, h = task % hq;
