@@ -172,11 +172,14 @@ class ScratchCache {
   size_t bytes_ = 0;
 };
 
-// A worker for each kWorkerBytes of K and V a call reads. Waking a pool thread costs more than it
-// saves on a short cache: on a 2-core VM (bf16, 32 query heads on 8, d = 128) two threads took
-// longer than one up to 2 MB of K and V (512 keys: 171 against 171-206 us), and 1.2x less time at
-// 4 MB (1024 keys). The wake costs less on bare metal, hence 1 MB rather than the VM's break-even.
-constexpr int64_t kWorkerBytes = int64_t(1) << 20;
+// A worker for each kWorkerElems elements of K and V a call reads (1 MB of bf16 or fp16, 2 MB of
+// f32): waking a pool thread costs more than it saves on a short cache. Elements, not bytes, as the
+// float kernels' time goes by element (fp16 rows are widened to f32). On a 2-core VM (32 query heads
+// on 8, d = 128), with two workers against one: 128 keys (256K elements) fp16 98-137 against
+// 131-140 us, f32 94-117 against 108-121, bf16 56-65 against 50; 512 keys bf16 126-178 against
+// 168-170. The second thread there at times wakes hundreds of microseconds late (a VM's vCPU); on
+// bare metal the break-even is lower still.
+constexpr int64_t kWorkerElems = int64_t(256) << 10;
 
 // amx: the AMX kernels for a bf16 cache (amx.h), or null for the float (or double) kernels.
 // Few query rows meet each key here, and the float kernels keep rows in vector lanes, so with 4 rows
@@ -208,11 +211,11 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const int64_t head_groups = ceil_div(hkv, group_heads);
   const int64_t tasks = units * head_groups * splits;  // each: key tiles of one split, for group_heads KV heads
 
-  // A worker per kWorkerBytes of K and V, within the threads asked for.
-  int64_t kv_bytes = 0;
-  for (int64_t b = 0; b < p.batch; ++b) kv_bytes += c.keys(b) * hkv * d * c.esize * 2;
+  // A worker per kWorkerElems of K and V, within the threads asked for.
+  int64_t kv_elems = 0;
+  for (int64_t b = 0; b < p.batch; ++b) kv_elems += c.keys(b) * hkv * d * 2;
   const int threads = int(std::min<int64_t>(p.num_threads > 0 ? p.num_threads : default_threads(),
-                                            std::max<int64_t>(1, kv_bytes / kWorkerBytes)));
+                                            std::max<int64_t>(1, kv_elems / kWorkerElems)));
   const int workers = workers_for(tasks, threads);
   std::unique_ptr<DecodeScratch<T>> scratch = ScratchCache<T>::instance().take();
   if (scratch->spaces.size() < size_t(workers)) scratch->spaces.resize(size_t(workers));

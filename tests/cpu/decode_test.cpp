@@ -251,8 +251,8 @@ TEST(Decode, RowsThatSeeNothingAreZeroWithNegInfLse) {
       }
 }
 
-// Large enough (10 MB of K and V) that every thread count asked for is used: decode.cpp gives a
-// worker to each 1 MB it reads.
+// Large enough (2.7M elements of K and V) that every thread count asked for is used: decode.cpp gives
+// a worker to each 256K elements it reads.
 TEST(Decode, DeterministicAcrossThreadCounts) {
   Case c{.lens = {8000, 3, 2600}, .sn = 3, .hq = 8, .hkv = 2, .causal = true};
   c.threads = 1;
