@@ -175,8 +175,10 @@ def _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num
             window_right, num_splits)
 
 
-def _decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
-            window_right, softcap, num_splits):
+def decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
+                window_right, softcap, num_splits):
+    """What both KV-cache operators run (k, v None: no append); flash_attn_with_kvcache calls it
+    directly where no dispatch is needed."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_decode_lse_shape(q), dtype=_lse_dtype(q.dtype), device=q.device)
     args = (_view(q, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"), _opt(block_table, "block_table"),
@@ -209,8 +211,8 @@ def _decode_fake(q):
 def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Optional[Tensor],
             softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
             num_splits: int) -> tuple[Tensor, Tensor]:
-    return _decode(q, k_cache, v_cache, None, None, cache_seqlens, block_table, softmax_scale, causal, window_left,
-                   window_right, softcap, num_splits)
+    return decode_step(q, k_cache, v_cache, None, None, cache_seqlens, block_table, softmax_scale, causal,
+                       window_left, window_right, softcap, num_splits)
 
 
 @kvcache.register_fake
@@ -223,8 +225,8 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, wi
 def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: Tensor,
                    block_table: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
                    window_right: int, softcap: float, num_splits: int) -> tuple[Tensor, Tensor]:
-    return _decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
-                   window_right, softcap, num_splits)
+    return decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                       window_left, window_right, softcap, num_splits)
 
 
 @kvcache_append.register_fake

@@ -180,6 +180,32 @@ def test_torch_compile_of_a_decode_step_appends_like_eager():
     assert torch.equal(kc[0, 5], k_new[0, 0]) and torch.equal(vc[1, 17], v_new[1, 0])
 
 
+def test_eager_kvcache_step_skips_the_dispatch_only_where_nothing_needs_it():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kc, vc = rand(2, 32, 2, 64), rand(2, 32, 2, 64)
+    lens = torch.tensor([5, 17], dtype=torch.int32)
+    q = rand(2, 1, 4, 64)
+    # Eager on plain tensors: the implementation called directly gives the operator's result.
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, return_lse=True)
+    op_out, op_lse = torch.ops.flashattn.kvcache(q, kc, vc, lens, None, 0.0, True, -1, -1, 0.0, 0)
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+    # A profiler records the operator.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    assert any(e.name == "flashattn::kvcache" for e in prof.events())
+    # A gradient asked for goes through the operator, whose missing autograd formula is reported.
+    qg = q.clone().requires_grad_()
+    out = flashattn.flash_attn_with_kvcache(qg, kc, vc, cache_seqlens=lens)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.sum().backward()
+    # Under a dispatch mode (fake tensors, as export traces) the operator's fake implementation runs.
+    with FakeTensorMode() as mode:
+        fake = flashattn.flash_attn_with_kvcache(mode.from_tensor(q), mode.from_tensor(kc), mode.from_tensor(vc),
+                                                 cache_seqlens=mode.from_tensor(lens))
+    assert type(fake).__name__ == "FakeTensor" and fake.shape == q.shape
+
+
 def test_opcheck_registrations():
     q, k, v = rand(1, 6, 2, 32, grad=True), rand(1, 9, 1, 32, grad=True), rand(1, 9, 1, 32, grad=True)
     opts = (0.0, True, -1, -1, 0.0, False)
