@@ -99,7 +99,8 @@ struct DecodeSpace {
       amx = amx_;
     }
     while (int64_t(heads.size()) < group_heads) {
-      heads.push_back(std::make_unique<Workspace<T>>(d, rows, kDecodeBlockN, amx ? FloatTiles::none : FloatTiles::queries));
+      const FloatTiles tiles = amx ? FloatTiles::none : FloatTiles::queries;
+      heads.push_back(std::make_unique<Workspace<T>>(d, rows, kDecodeBlockN, tiles));
       // A head's Q alone: no key tiles (0), as amx_keys holds the keys and the P scratch.
       if (amx) amx_heads.push_back(std::make_unique<AmxSpace>(d, rows, 0, false));
     }
