@@ -7,11 +7,22 @@
 # SAN_FILTER (gtest filter for the sanitizer pass), SAN_TOOLS (default "memcheck racecheck";
 # synccheck checks barrier use), SWEEPS (the tile sweeps of the sweep step, default
 # "tile_sweep hopper_tile_sweep bwd_tile_sweep") and SWEEP_HDIMS (default "64 128 256"). The sweep
-# step needs a configured build (the build step) for the generated headers.
+# step needs a configured build (the build step) for the generated headers. With CARRY=1 the
+# test, sanitize and bench steps run the programs that scripts/gpu_carry.sh built elsewhere and the
+# device tool carried in build-carry/, unpacked into build-carried/ (build-carry/ itself must stay
+# packed, within carry's 64 MiB); leave out the build and sweep steps.
 set -uo pipefail
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT"
 BUILD=build-gpu
+if [ -n "${CARRY:-}" ]; then
+  BUILD=build-carried
+  sed -n '1s/^/carried build of /p' build-carry/COMMIT
+  mkdir -p $BUILD/tests
+  gunzip -c build-carry/tests/flashattn_gpu_tests.gz > $BUILD/tests/flashattn_gpu_tests &&
+    gunzip -c build-carry/libflashattn.so.gz > $BUILD/libflashattn.so && chmod +x $BUILD/tests/flashattn_gpu_tests ||
+    exit 1
+fi
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
 status=0
