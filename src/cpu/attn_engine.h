@@ -11,8 +11,9 @@
 // scale / softcap inside the softcap pass and the tile holds softcap * tanh(scale * q.k / softcap),
 // exponentiated with factor log2(e). (Multiplying q by scale / softcap before the products instead
 // rounded every term of q.k once more: at softcap 0.25 and d = 256 an f32 lse then missed the
-// accuracy rule, found by the fuzzer.) Either way every exponential is an exp2 (core/softmax_state.h), and the
-// difference s - m is taken before scaling, so large scores (q.k ~ 1e4) lose no precision.
+// accuracy rule, found by the fuzzer.) Either way every exponential is an exp2
+// (core/softmax_state.h), and the difference s - m is taken before scaling, so large scores
+// (q.k ~ 1e4) lose no precision.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +104,7 @@ struct Workspace {
 template <class T>
 struct TileConfig {
   DType dtype;       // storage type of q, k, v
-  T q_scale;         // multiplies q.k before the softcap: scale / softcap, or 1 without a softcap
+  T tanh_scale;      // multiplies q.k inside the softcap's tanh: scale / softcap (unused without)
   T softcap;         // 0 = off
   T exp2_scale;      // c in exp2((s - m) * c): scale * log2(e), or log2(e) with a softcap
   double lse_scale;  // the same c in double, to turn m into the exp2 domain at the end
@@ -116,7 +117,7 @@ TileConfig<T> make_config(DType dtype, float scale, float softcap, const core::M
   c.dtype = dtype;
   c.mask = mask;
   c.softcap = T(softcap);
-  c.q_scale = softcap > 0.f ? T(scale) / T(softcap) : T(1);
+  c.tanh_scale = softcap > 0.f ? T(scale) / T(softcap) : T(1);
   c.lse_scale = softcap > 0.f ? core::kLog2e : double(scale) * core::kLog2e;  // scale > 0 (validated)
   c.exp2_scale = T(c.lse_scale);
   return c;
@@ -261,7 +262,7 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
     T* st = ws.st.get() + i0;
     tile.scores(ws, kern, nk, i0, rows);
     if (cfg.softcap != T(0))
-      for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap, cfg.q_scale);
+      for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap, cfg.tanh_scale);
     if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
     tile.softmax(ws, kern, cfg.exp2_scale, nk, i0, rows);
     tile.accumulate(ws, kern, nk, i0, rows);

@@ -121,12 +121,11 @@ template <class T>
 struct DecodeScratch {
   std::vector<std::unique_ptr<DecodeSpace<T>>> spaces;
   std::vector<T> part_o, part_lse;
-  std::unique_ptr<std::atomic<int64_t>[]> done;
-  int64_t done_size = 0;
+  std::vector<std::atomic<int64_t>> done;
 
   size_t bytes() const {
     size_t n = sizeof(*this) + (part_o.capacity() + part_lse.capacity()) * sizeof(T) +
-               size_t(done_size) * sizeof(std::atomic<int64_t>);
+               done.capacity() * sizeof(std::atomic<int64_t>);
     for (const auto& s : spaces) n += s ? s->bytes() : 0;
     return n;
   }
@@ -202,19 +201,22 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const int64_t units = p.batch * row_tiles;            // (sequence, row tile) pairs
   if (units == 0 || hkv == 0) return;
 
-  int64_t max_tiles = 1;
-  for (int64_t b = 0; b < p.batch; ++b) max_tiles = std::max(max_tiles, ceil_div(c.keys(b), bn));
+  int64_t max_tiles = 1, kv_elems = 0;  // kv_elems: elements of K and V the call reads
+  for (int64_t b = 0; b < p.batch; ++b) {
+    max_tiles = std::max(max_tiles, ceil_div(c.keys(b), bn));
+    kv_elems += c.keys(b) * hkv * d * 2;
+  }
   int64_t splits = p.num_splits > 0 ? p.num_splits
                                     : std::clamp(ceil_div(kTargetTasks, units), int64_t(1),
                                                  std::max<int64_t>(1, max_tiles / kMinSplitTiles));
   splits = std::min(splits, max_tiles);  // more chunks than key tiles would only add empty ones
   const int64_t group_heads = ceil_div(hkv, std::clamp(ceil_div(kTargetTasks, units * splits), int64_t(1), hkv));
   const int64_t head_groups = ceil_div(hkv, group_heads);
-  const int64_t tasks = units * head_groups * splits;  // each: key tiles of one split, for group_heads KV heads
+  // Task (group, split) takes the key tiles of one split for the group_heads KV heads of one
+  // (sequence, row tile, head group) triple, group = (b * row_tiles + row tile) * head_groups + head group.
+  const int64_t groups = units * head_groups, tasks = groups * splits;
 
   // A worker per kWorkerElems of K and V, within the threads asked for.
-  int64_t kv_elems = 0;
-  for (int64_t b = 0; b < p.batch; ++b) kv_elems += c.keys(b) * hkv * d * 2;
   const int threads = int(std::min<int64_t>(p.num_threads > 0 ? p.num_threads : default_threads(),
                                             std::max<int64_t>(1, kv_elems / kWorkerElems)));
   const int workers = workers_for(tasks, threads);
@@ -225,15 +227,11 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   // [b][hk][row tile][split][row][d] and [b][hk][row tile][split][row].
   std::vector<T>& part_o = scratch->part_o;
   std::vector<T>& part_lse = scratch->part_lse;
-  const int64_t groups = units * head_groups;  // (sequence, row tile, head group) triples
   if (splits > 1) {
     part_o.resize(std::max(part_o.size(), size_t(units * hkv * splits * tile_rows * d)));
     part_lse.resize(std::max(part_lse.size(), size_t(units * hkv * splits * tile_rows)));
-    if (scratch->done_size < groups) {
-      scratch->done.reset(new std::atomic<int64_t>[size_t(groups)]);
-      scratch->done_size = groups;
-    }
-    for (int64_t i = 0; i < groups; ++i) scratch->done[i].store(0, std::memory_order_relaxed);
+    if (scratch->done.size() < size_t(groups)) scratch->done = std::vector<std::atomic<int64_t>>(size_t(groups));
+    for (int64_t i = 0; i < groups; ++i) scratch->done[size_t(i)].store(0, std::memory_order_relaxed);
   }
   auto part_at = [&](int64_t b, int64_t hk, int64_t rt, int64_t split, int64_t i) {
     return (((b * hkv + hk) * row_tiles + rt) * splits + split) * tile_rows + i;
@@ -270,9 +268,9 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
     if (!slot) slot = std::make_unique<DecodeSpace<T>>();
     DecodeSpace<T>& space = *slot;
     space.fit(d, ws_rows, group_heads, amx != nullptr);
-    const int64_t unit = task / (head_groups * splits), split = task % splits;
+    const int64_t group_id = task / splits, split = task % splits, unit = group_id / head_groups;
     const int64_t b = unit / row_tiles, rt = unit % row_tiles;
-    const int64_t hk0 = (task / splits) % head_groups * group_heads, hk1 = std::min(hkv, hk0 + group_heads);
+    const int64_t hk0 = group_id % head_groups * group_heads, hk1 = std::min(hkv, hk0 + group_heads);
     const int64_t r0 = rt * bm, r1 = std::min(rows, r0 + bm);
     const TileConfig<T> cfg = make_config<T>(p.dtype, p.scale, p.softcap, mask_of(b));
     auto token = [&](int64_t i) { return (r0 + i) / group; };
@@ -336,10 +334,9 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
         }
       }
     }
-    // The last split of its (sequence, row tile, head group) to finish merges them all: acq_rel
-    // makes the other splits' partial states visible to it.
-    if (splits > 1 && scratch->done[unit * head_groups + hk0 / group_heads].fetch_add(1, std::memory_order_acq_rel) ==
-                          splits - 1)
+    // The last split of its group to finish merges them all: acq_rel makes the other splits'
+    // partial states visible to it.
+    if (splits > 1 && scratch->done[size_t(group_id)].fetch_add(1, std::memory_order_acq_rel) == splits - 1)
       for (int64_t hk = hk0; hk < hk1; ++hk) merge(b, hk, rt);
   });
   ScratchCache<T>::instance().give(std::move(scratch));
