@@ -1,5 +1,5 @@
 // Times candidate shapes of the portable backward (tile size, warp layouts of its three phases,
-// Q/dO stages, staged dQ and stmatrix bits: every sm80::BwdTraits parameter, src/cuda/tile_size.h)
+// Q/dO stages, dQ layout and stmatrix flags: every sm80::BwdTraits parameter, src/cuda/tile_size.h)
 // on the anchor shapes (bf16, 16k tokens, hidden 2048), default and deterministic mode, bypassing
 // dispatch: the whole backward (workspace, preprocess, main, convert) as flashattn::backward runs
 // it. The first variant of each head dim is the tile table's entry exactly.
@@ -26,16 +26,16 @@
 namespace fa = flashattn;
 namespace cu = flashattn::cuda;
 
-// block_n, warps, stages, key_warps_s, key_warps_kv, row_warps_q, min_ctas, block_m, staged_dq
-// (StagedDq bits), stmatrix_ps (PortableBwdTile).
-template <int BN, int W, int ST, int KS, int KKV, int RQ, int MC, int BM = 64, uint8_t SDQ = 0, bool STM = false>
-using Bwd = cu::sm80::BwdTraits<SWEEP_HDIM, sweep::E, BN, W, ST, KS, KKV, RQ, MC, BM, SDQ, STM>;
+// block_n, warps, stages, key_warps_s, key_warps_kv, row_warps_q, min_ctas, block_m, fragment_dq,
+// stmatrix_ps (PortableBwdTile).
+template <int BN, int W, int ST, int KS, int KKV, int RQ, int MC, int BM = 64, bool FDQ = false, bool STM = false>
+using Bwd = cu::sm80::BwdTraits<SWEEP_HDIM, sweep::E, BN, W, ST, KS, KKV, RQ, MC, BM, FDQ, STM>;
 
 // The tile table's entry for this head dim on sm90, with its Q/dO stages overridable.
 constexpr cu::PortableBwdTile kTable = cu::portable_bwd_tile<90>(SWEEP_HDIM);
 template <int ST = kTable.stages>
 using TableBwd = Bwd<kTable.block_n, kTable.warps, ST, kTable.key_warps_s, kTable.key_warps_kv, kTable.row_warps_q,
-                     kTable.min_ctas, kTable.block_m, kTable.staged_dq, kTable.stmatrix_ps>;
+                     kTable.min_ctas, kTable.block_m, kTable.fragment_dq, kTable.stmatrix_ps>;
 
 template <class... Ts>
 struct Variants {};
@@ -57,27 +57,27 @@ using Sweep = Variants<TableBwd<>, Bwd<128, 8, 2, 4, 4, 2, 1>, Bwd<128, 8, 2, 8,
 // whole m16 tiles / ldmatrix pairs), so 8/4/4 cannot compile.
 // block_m 32 (8 warps, 4/2/x): dQ 32 fp32 registers per thread instead of 64 beside dK + dV's 128,
 // and 3 Q/dO stages in 169 KB; block_m 128 does not fit registers (dQ alone 128 per thread on 8
-// warps; 64 + dK, dV 64 on 16) and only one stage fits shared memory (225 KB). The table's staged dQ
-// and stmatrix bits throughout (staged dQ applies where a warp's dQ block is 32 or 64 columns wide).
-constexpr uint8_t kSdq = kTable.staged_dq;
+// warps; 64 + dK, dV 64 on 16) and only one stage fits shared memory (225 KB). The table's dQ layout
+// and stmatrix flag throughout.
+constexpr bool kFdq = kTable.fragment_dq;
 constexpr bool kStm = kTable.stmatrix_ps;
 using Sweep = Variants<TableBwd<>,                           // table: 64 x 64, 8 warps, 4/2/2, 2 stages
                        TableBwd<1>,                          // the same on one Q/dO stage (145 KB)
-                       Bwd<64, 16, 2, 4, 4, 4, 1, 64, kSdq, kStm>,
-                       Bwd<64, 16, 2, 4, 4, 2, 1, 64, kSdq, kStm>,
-                       Bwd<64, 16, 2, 4, 2, 4, 1, 64, kSdq, kStm>,
-                       Bwd<64, 16, 2, 4, 2, 2, 1, 64, kSdq, kStm>,
-                       Bwd<64, 8, 3, 4, 2, 1, 1, 32, kSdq, kStm>,   // dQ 32 rows x 32 cols per warp
-                       Bwd<64, 8, 3, 4, 2, 2, 1, 32, kSdq, kStm>>;  // dQ 16 rows x 64 cols per warp
+                       Bwd<64, 16, 2, 4, 4, 4, 1, 64, kFdq, kStm>,
+                       Bwd<64, 16, 2, 4, 4, 2, 1, 64, kFdq, kStm>,
+                       Bwd<64, 16, 2, 4, 2, 4, 1, 64, kFdq, kStm>,
+                       Bwd<64, 16, 2, 4, 2, 2, 1, 64, kFdq, kStm>,
+                       Bwd<64, 8, 3, 4, 2, 1, 1, 32, kFdq, kStm>,   // dQ 32 rows x 32 cols per warp
+                       Bwd<64, 8, 3, 4, 2, 2, 1, 32, kFdq, kStm>>;  // dQ 16 rows x 64 cols per warp
 #endif
 
-// One line naming a variant's parameters (staged dQ as it applies in default / deterministic mode).
+// One line naming a variant's parameters.
 template <class T>
 std::string describe() {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "bn=%3d bm=%3d w=%2d st=%d L=%d/%d/%d mc=%d sdq=%d%d stm=%d", T::kBlockN, T::kBlockM,
+  std::snprintf(buf, sizeof buf, "bn=%3d bm=%3d w=%2d st=%d L=%d/%d/%d mc=%d fdq=%d stm=%d", T::kBlockN, T::kBlockM,
                 T::kWarps, T::kStages, T::kKeyWarpsS, T::kKeyWarpsKV, T::kRowWarpsQ, T::kMinCtas,
-                int(T::template kStagedDq<false, false>), int(T::template kStagedDq<true, false>), int(T::kStMatrixPs));
+                int(T::kFragmentDq), int(T::kStMatrixPs));
   return buf;
 }
 

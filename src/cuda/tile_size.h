@@ -85,29 +85,6 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = fal
   }
 }
 
-// Which of the portable backward kernel's four variants (default or deterministic mode, with or
-// without softcap) add dQ from shared memory in whole rows (sm80::BwdTraits::kStagedDq: a third
-// barrier per step, then half the reductions, each over whole 128-byte lines) instead of from the
-// MMA accumulators: a mask of these bits. H200, bench/ab_compare.py, staged against accumulators
-// (bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt, 2k / 8k): deterministic mode 1.06-1.08x
-// at d=128 and 1.03x at d=256, where each warp's additions wait for its turn (staged, the wait comes
-// after the stores and the burst after it is half as long); default mode 1.00x at d=256 (1.02x with
-// softcap) but 0.99x at d=128. Deterministic with softcap at d=256 spills 220 bytes staged: 0.84x.
-// kOwnBuffer: the staged blocks get shared memory of their own (kBlockM x kHeadDim fp32 in all)
-// instead of the step's Q/dO stage, so each warp stages and reads back its block without the third
-// barrier; where that fits beside the rest (d=64 and d=128: 160 + 32 KB). Against the above (same
-// log, session 20 calls 1-2, 2k / 8k, causal and not), all four variants staged in their own
-// buffer: d=128 default 1.03x, deterministic 1.02-1.03x, softcap 1.00x, deterministic softcap
-// 1.02-1.04x; d=64 (with 4 warps along dQ's rows) default 1.01x, deterministic 1.05x, softcap
-// 1.04x, deterministic softcap 1.06-1.07x.
-struct StagedDq {
-  static constexpr uint8_t kDefault = 1, kDefaultSoftcap = 2, kDeterministic = 4, kDeterministicSoftcap = 8;
-  static constexpr uint8_t kOwnBuffer = 16;
-  static constexpr uint8_t bit(bool deterministic, bool softcap) {
-    return uint8_t(1u << (2 * int(deterministic) + int(softcap)));
-  }
-};
-
 // Backward (src/cuda/sm80/bwd_kernel.cuh): block_n keys per CTA, block_m query rows per step. dK
 // and dV stay in registers: per thread 2 * block_n * head_dim / (32 * warps) fp32. Each query step
 // moves the Q/dO tiles and a block_m x head_dim fp32 dQ tile through L2 for 4 * block_m * block_n *
@@ -133,8 +110,8 @@ struct StagedDq {
 //          / 150, 2/2/2 187 / 206 | 145 / 145, 4/4/4 176 / 197: 4/2/2 stays.
 // The deterministic figures above ran that mode's former per-CTA dQ slices; on turns (2026-12-02,
 // bench/results/h200_portable_bwd_det_turns_2026-12-02.txt) it runs at 0.86-0.95 of the default
-// in these layouts, which were not re-swept for it; 0.91-0.97 with the staged dQ (StagedDq above;
-// bench/results/h200_portable_bwd_staged_dq_2026-12-03.txt, call 8).
+// in these layouts, which were not re-swept for it; 0.91-0.97 with the dQ staged in shared memory
+// that fragment_dq replaced (docs/performance.md, Backward).
 // 128 query rows per step at d=64 (FlashAttention-2's 128 x 128 shape there; 2026-12-01, H200, the
 // same sweep, default | deterministic at 2k / 8k, non-causal then causal): 4/4/2 on 2 stages 198 /
 // 226 | 192 / 213, causal 148 / 207 | 141 / 191, against 64 rows 175 / 196 | 167 / 186, causal 132 /
@@ -148,7 +125,20 @@ struct PortableBwdTile {
   int row_warps_q;
   int min_ctas;  // CTAs per SM the registers are capped for (__launch_bounds__)
   int block_m = 64;  // query rows per step
-  uint8_t staged_dq = 0;  // StagedDq bits
+  // The dQ accumulator in the accumulator fragments' order (sm80::FragmentDq; sm90, both modes):
+  // each warp's red.global.add.v4.f32 then covers 512 contiguous bytes, where in dQ's own rows it
+  // touches 8 rows (8 cache lines) per instruction. FlashAttention-2 lays its accumulator out the
+  // same way for its scalar atomics (ncu: 4 sectors per reduction against our 8). It replaced dQ
+  // staged through shared memory and added in whole rows (a barrier, stores and reads back per
+  // step), which removed the load/store-queue stalls behind the reductions but added as much again.
+  // Against that, on an H100 (bench/results/h100_session40_2026-12-05.txt, call 3, the default
+  // mode, 2k / 8k / 16k): d=64 1.03 / 1.06 / 1.07x (causal 1.00 / 1.05 / 1.06x), d=128 1.03 /
+  // 1.06 / 1.04x (causal 1.00 / 1.05 / 1.07x), d=256 1.08 / 1.12 / 1.12x (causal 1.06 / 1.10 /
+  // 1.12x); the deterministic mode, its warps adding in turns as before (call 4) 0.98-1.04x at d=64
+  // and 128, 1.05-1.11x at d=256. Issued between dV and dK instead, as FlashAttention-2 orders
+  // them, 0.94-1.09x (call 3, B2), not kept. d=32 and 96 unmeasured. The sm80 build keeps dQ's rows: its reductions are
+  // scalar, and this layout spreads a warp's scalar ones 16 bytes apart.
+  bool fragment_dq = false;
   // P^T and dS^T stored by stmatrix (sm90), 16 x 16 at a time, instead of four 32-bit stores per
   // lane. H200, bench/ab_compare.py (bench/results/h200_portable_bwd_stmatrix_2026-12-03.txt, call
   // 14), 2k / 8k, causal and not: d=64 1.04-1.05x (deterministic 1.00x), d=256 1.02-1.03x in both
@@ -163,24 +153,15 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
   if constexpr (kArch >= 90) {
     // d=32 and d=96 take 4/4/4 (measured within 3% of 4/4/2 at d=128): with 4 warps along the head
     // dim, dQ would give each warp 8 or 24 columns, not whole ldmatrix.x4 pairs (unmeasured there).
-    if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1};   // 16 + 16 + 32 = 64 KB
-    // d=64: 4 warps along the query rows for dQ (32 x 32 per warp, FlashAttention-2's layout; while
-    // dQ was added from the accumulators, 2 had measured best), staged in its own 32 KB; 160 + 32 =
-    // 192 KB.
-    if (head_dim <= 64)
-      return {128, 8, 2, 4, 4, 4, 1, 128,
-              StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
-                  StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer,
-              /*stmatrix_ps=*/true};
-    if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1};   // 48 + 48 + 32 = 128 KB
+    if (head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1, 64, true};  // 16 + 16 + 32 = 64 KB
+    // d=64: 4 warps along the query rows for dQ (32 x 32 per warp, FlashAttention-2's layout; with
+    // dQ added from the accumulators in its own rows, 2 had measured best); 160 KB.
+    if (head_dim <= 64) return {128, 8, 2, 4, 4, 4, 1, 128, true, /*stmatrix_ps=*/true};
+    if (head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1, 64, true};  // 48 + 48 + 32 = 128 KB
     // d=128 measured best; dK+dV 128 regs; 64 + 64 + 32 = 160 KB.
-    if (head_dim <= 128)
-      return {128, 8, 2, 4, 4, 2, 1, 64,
-              StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic |
-                  StagedDq::kDeterministicSoftcap | StagedDq::kOwnBuffer};
+    if (head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1, 64, true};
     // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs.
-    return {64, 8, 2, 4, 2, 2, 1, 64, StagedDq::kDefault | StagedDq::kDefaultSoftcap | StagedDq::kDeterministic,
-            /*stmatrix_ps=*/true};
+    return {64, 8, 2, 4, 2, 2, 1, 64, true, /*stmatrix_ps=*/true};
   } else {
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns

@@ -1,10 +1,13 @@
-// The portable kernels' shared-tile helpers (src/cuda/sm80/smem_tile.cuh). Host code in the GPU
-// suite's program (the header needs the CUDA toolkit to compile), so it runs without a GPU too.
+// The portable kernels' shared-tile helpers (src/cuda/sm80/smem_tile.cuh) and the backward's dQ
+// accumulator layout. Host code in the GPU suite's program (the headers need the CUDA toolkit to
+// compile), so it runs without a GPU too.
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "cuda/sm80/bwd_kernel.cuh"
 #include "cuda/sm80/smem_tile.cuh"
+#include "cuda/tile_size.h"
 
 namespace fa_test {
 namespace {
@@ -33,66 +36,43 @@ TEST(SmemTile, LaneRowsMatchTheSwizzle) {
   expect_lane_rows_match_swizzle<32>();  // d = 256
 }
 
-// StagedRows (the backward's staged dQ): a permutation of each warp block's floats, four columns
-// from a multiple of 4 contiguous, and both access patterns at their fewest shared-memory
-// wavefronts: an mma C fragment's 8-byte stores (8 rows x 4 lanes) at most 2 per bank, a warp's
-// 16-byte row reads at most 4.
-template <int kCols>
-void expect_staged_rows_spread() {
-  using S = flashattn::cuda::sm80::StagedRows<kCols>;
-  constexpr int kRows = 64;
-  std::vector<int> seen(kRows * kCols, 0);
-  for (int row = 0; row < kRows; ++row)
-    for (int col = 0; col < kCols; ++col) {
-      const int o = S::offset(row, col);
-      ASSERT_GE(o, 0);
-      ASSERT_LT(o, kRows * kCols);
-      ++seen[o];
-      ASSERT_EQ(o, S::offset(row, col & ~3) + (col & 3)) << "row " << row << " col " << col;
-    }
-  for (int n : seen) ASSERT_EQ(n, 1);
-  for (int row0 = 0; row0 < kRows; row0 += 8)
-    for (int j = 0; j < kCols / 8; ++j) {
-      int bank[32] = {};
-      for (int lane = 0; lane < 32; ++lane)
-        for (int e = 0; e < 2; ++e) ++bank[(S::offset(row0 + lane / 4, 8 * j + 2 * (lane % 4)) + e) % 32];
-      for (int b = 0; b < 32; ++b) ASSERT_LE(bank[b], 2) << "store rows " << row0 << " tile " << j;
-    }
-  for (int row0 = 0; row0 < kRows; row0 += S::kRowsPerPass) {
-    int bank[32] = {};
+// FragmentDq (the portable backward's dQ accumulator in fragment order) for each sm90 table entry:
+// the float4 a thread adds for (m16 tile i, n8 tile j) is the one place() puts at that thread's
+// fragment (rows 16 i + g and + 8, columns 8 j + 2t and + 1 of its warp's part), a warp's 32 lanes
+// add 32 consecutive float4s, and the block's float4s cover every element of the kBlockM x kHeadDim
+// tile exactly once.
+template <int kHeadDim>
+void expect_fragment_dq_covers_the_tile() {
+  namespace cu = flashattn::cuda;
+  constexpr cu::PortableBwdTile tile = cu::portable_bwd_tile<90>(kHeadDim);
+  using T = cu::sm80::BwdTraits<kHeadDim, __nv_bfloat16, tile.block_n, tile.warps, tile.stages, tile.key_warps_s,
+                                tile.key_warps_kv, tile.row_warps_q, tile.min_ctas, tile.block_m, tile.fragment_dq,
+                                tile.stmatrix_ps>;
+  using F = cu::sm80::FragmentDq<T>;
+  ASSERT_TRUE(T::kFragmentDq) << "d = " << kHeadDim;
+  std::vector<int> seen(T::kBlockM * T::kHeadDim, 0);
+  for (int warp = 0; warp < T::kWarps; ++warp)
     for (int lane = 0; lane < 32; ++lane)
-      for (int e = 0; e < 4; ++e)
-        ++bank[(S::offset(row0 + lane / S::kLanesPerRow, 4 * (lane % S::kLanesPerRow)) + e) % 32];
-    for (int b = 0; b < 32; ++b) ASSERT_LE(bank[b], 4) << "read rows " << row0;
-  }
+      for (int i = 0; i < T::kTilesQ; ++i)
+        for (int j = 0; j < T::kColsQ / 8; ++j) {
+          // The kernel's address of this group (bwd_kernel.cuh, phase 3), in float4s.
+          const int f = (warp * F::kWarpFloats + 4 * lane + 128 * (i * (T::kColsQ / 8) + j)) / 4;
+          int row, col;
+          F::place(f, &row, &col);
+          ASSERT_EQ(row, T::kRowsQ * (warp % T::kRowWarpsQ) + 16 * i + lane / 4) << "d " << kHeadDim << " f " << f;
+          ASSERT_EQ(col, T::kColsQ * (warp / T::kRowWarpsQ) + 8 * j + 2 * (lane % 4)) << "d " << kHeadDim << " f " << f;
+          for (int rr = 0; rr < 2; ++rr)
+            for (int c = 0; c < 2; ++c) ++seen[(row + 8 * rr) * T::kHeadDim + col + c];
+        }
+  for (int n : seen) ASSERT_EQ(n, 1) << "d = " << kHeadDim;
 }
 
-// StagedRows' lane plans (a per-lane base plus a constant) give offset() for every lane and step.
-template <int kCols>
-void expect_staged_lane_plans_match() {
-  using S = flashattn::cuda::sm80::StagedRows<kCols>;
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, t = lane % 4;
-    const typename S::FragmentStores stores(g, t);
-    for (int row8 = 0; row8 < 64; row8 += 8)
-      for (int j = 0; j < kCols / 8; ++j)
-        ASSERT_EQ(stores.at(row8, j), S::offset(row8 + g, 8 * j + 2 * t))
-            << "lane " << lane << " row8 " << row8 << " j " << j;
-    const typename S::RowReads reads(lane);
-    for (int k = 0; k < 64 / S::kRowsPerPass; ++k)
-      ASSERT_EQ(reads.at(k), S::offset(k * S::kRowsPerPass + lane / S::kLanesPerRow, 4 * (lane % S::kLanesPerRow)))
-          << "lane " << lane << " pass " << k;
-  }
-}
-
-TEST(SmemTile, StagedRowsLanePlansMatchTheLayout) {
-  expect_staged_lane_plans_match<32>();
-  expect_staged_lane_plans_match<64>();
-}
-
-TEST(SmemTile, StagedRowsPermuteAndSpreadBanks) {
-  expect_staged_rows_spread<32>();  // d = 128: 4 warps along the head dim
-  expect_staged_rows_spread<64>();  // d = 256
+TEST(SmemTile, FragmentDqCoversTheTileOnce) {
+  expect_fragment_dq_covers_the_tile<32>();
+  expect_fragment_dq_covers_the_tile<64>();
+  expect_fragment_dq_covers_the_tile<96>();
+  expect_fragment_dq_covers_the_tile<128>();
+  expect_fragment_dq_covers_the_tile<256>();
 }
 
 }  // namespace

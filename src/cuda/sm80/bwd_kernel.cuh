@@ -12,10 +12,11 @@
 //      of dS is applied once to dK when it is written and to dQ by the convert kernel;
 //   3. convert: dq = scale * dq_accum in the input dtype.
 // dQ accumulation: each thread adds its dQ fragments to global memory from registers with relaxed
-// vector atomics (red.global.add.v2.f32 on sm90), so the order of additions varies between runs;
-// or, in the variants tile_size.h names (StagedDq), each warp first stages its block in shared
-// memory, and adds whole rows of it (red.global.add.v4.f32): in the step's Q/dO stage behind a third
-// barrier, or where it fits (StagedDq::kOwnBuffer) in a buffer of its own behind __syncwarp.
+// atomics, so the order of additions varies between runs. Where the tile table says
+// (fragment_dq, the sm90 builds), the accumulator is laid out in the fragments' own order
+// (FragmentDq below), so that each warp's 16-byte reductions (red.global.add.v4.f32) cover 512
+// contiguous bytes, and the convert kernel puts the elements back in place; else it has the
+// rows of dQ, and each reduction adds a lane's two columns of a row.
 // In deterministic mode the key tiles visiting a query tile take turns (a counter per dQ tile in
 // the workspace, as on the Hopper path): each warp adds its part once the counter shows this key
 // tile's turn (ordered_turn), and thread 0 passes the turn at the next step's middle barrier, by
@@ -49,7 +50,7 @@
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kStages_, int kKeyWarpsS_, int kKeyWarpsKV_,
-          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, uint8_t kStagedDq_ = 0, bool kStMatrixPs_ = false>
+          int kRowWarpsQ_, int kMinCtas_, int kBlockM_ = 64, bool kFragmentDq_ = false, bool kStMatrixPs_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -70,24 +71,42 @@ struct BwdTraits {
   static constexpr int kTilesS = kRowsS / 16, kTilesKV = kRowsKV / 16, kTilesQ = kRowsQ / 16;  // m16 tiles
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kChunksP = kBlockM / 8;
-  // dQ through shared memory (the step's Q/dO stage, the same bytes as a kBlockM x kHeadDim fp32
-  // tile, or a buffer of that size of its own), each warp reading back whole rows of its kColsQ
-  // columns for 16-byte reductions: where those rows are 128 or 256 bytes (16-byte chunks a power
-  // of two, a whole swizzle period or more). (tile_size.h says in which mode, and why.)
-  template <bool kDeterministic, bool kSoftcap>
-  static constexpr bool kStagedDq =
-      (kStagedDq_ & StagedDq::bit(kDeterministic, kSoftcap)) != 0 && (kColsQ == 32 || kColsQ == 64);
+  static constexpr bool kFragmentDq = kFragmentDq_;  // the dQ accumulator in fragment order
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileP = kBlockN * kBlockM;
-  static constexpr bool kDqOwnBuffer = (kStagedDq_ & StagedDq::kOwnBuffer) != 0;
-  static constexpr int kSmemBytes = (2 * kTileKV + 2 * kStages * kTileQ + 2 * kTileP) * int(sizeof(Element)) +
-                                    2 * kStages * kBlockM * 4 + (kDqOwnBuffer ? kBlockM * kHeadDim * 4 : 0);
+  static constexpr int kSmemBytes =
+      (2 * kTileKV + 2 * kStages * kTileQ + 2 * kTileP) * int(sizeof(Element)) + 2 * kStages * kBlockM * 4;
   static_assert(kWarps % kKeyWarpsS == 0 && kWarps % kKeyWarpsKV == 0 && kWarps % kRowWarpsQ == 0,
                 "warp layouts must tile the CTA");
   static_assert(kRowsS % 16 == 0 && kRowsKV % 16 == 0 && kRowsQ % 16 == 0, "warps own whole m16 tiles");
   static_assert(kBlockM <= kThreads, "one thread per query row loads the step's lse and delta");
   static_assert(kColsS % 16 == 0 && kColsKV % 16 == 0 && kColsQ % 16 == 0, "ldmatrix.x4 covers two n8 tiles");
+};
+
+// The dQ accumulator in fragment order (kFragmentDq): one block of kBlockM x kHeadDim floats
+// per (query head, query tile), numbered as the tiled layout numbers them (bwd_layout.h), so that
+// sequences never share a block. Within a block, warp w's kRowsQ x kColsQ part is contiguous, and
+// its accumulators go out as float4 groups: group k = (m16 tile i, n8 tile j) of lane l at float
+// 4 (32 k + l), holding rows g and g + 8 (g = l / 4) by columns 2t, 2t + 1 (t = l % 4) of that
+// tile. A warp's reduction of one group covers 512 contiguous bytes.
+template <class T>
+struct FragmentDq {
+  static constexpr int kWarpFloats = T::kRowsQ * T::kColsQ;
+  static constexpr int kBlockFloats = T::kBlockM * T::kHeadDim;
+  // The block of (query head h, query tile m of sequence b).
+  __host__ __device__ static int64_t block(const core::AttnShape& p, int64_t tiles_per_head, int h, int64_t b,
+                                           int64_t m) {
+    return ((int64_t(h) * tiles_per_head + tile_base(p, T::kBlockM, b) + m) * kBlockFloats);
+  }
+  // Where float4 number f of a block belongs: rows (row, row + 8), columns (col, col + 1).
+  __host__ __device__ static void place(int f, int* row, int* col) {
+    const int w = f / (kWarpFloats / 4), within = f % (kWarpFloats / 4);
+    const int k = within / 32, lane = within % 32;
+    const int i = k / (T::kColsQ / 8), j = k % (T::kColsQ / 8);
+    *row = T::kRowsQ * (w % T::kRowWarpsQ) + 16 * i + lane / 4;
+    *col = T::kColsQ * (w / T::kRowWarpsQ) + 8 * j + 2 * (lane % 4);
+  }
 };
 
 // ---- 3. convert ---------------------------------------------------------------------------------
@@ -114,6 +133,36 @@ __global__ void __launch_bounds__(128) backward_convert_dq_kernel(const __grid_c
 #pragma unroll
   for (int i = 0; i < 8; i += 2)
     *reinterpret_cast<uint32_t*>(dq + i) = ptx::thread_pack2<E>(v[i] * p.scale, v[i + 1] * p.scale);
+}
+
+// The same from the fragment-ordered accumulator (FragmentDq): one CTA per (query tile, head,
+// sequence), reading its block in order (whole lines) and writing each float4 to its two rows.
+template <class T>
+__global__ void __launch_bounds__(128)
+    backward_convert_dq_fragment_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws) {
+  using E = typename T::Element;
+  using F = FragmentDq<T>;
+  const int h = blockIdx.y, b = blockIdx.z;
+  int64_t q0, sq;
+  query_rows(p, b, &q0, &sq);
+  const int64_t m0 = int64_t(blockIdx.x) * T::kBlockM;
+  if (m0 >= sq) return;
+  const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
+  const float4* acc = reinterpret_cast<const float4*>(ws.dq_accum + F::block(p, ws.tiles_per_head, h, b, blockIdx.x));
+  for (int f = threadIdx.x; f < F::kBlockFloats / 4; f += 128) {
+    int row, col;
+    F::place(f, &row, &col);
+    if (col >= p.head_dim) continue;
+    const float4 v = acc[f];
+    if (row < rows) {
+      E* dq = static_cast<E*>(p.dq) + p.dq_s.offset(b, q0 + m0 + row, h) + col;
+      *reinterpret_cast<uint32_t*>(dq) = ptx::thread_pack2<E>(v.x * p.scale, v.y * p.scale);
+    }
+    if (row + 8 < rows) {
+      E* dq = static_cast<E*>(p.dq) + p.dq_s.offset(b, q0 + m0 + row + 8, h) + col;
+      *reinterpret_cast<uint32_t*>(dq) = ptx::thread_pack2<E>(v.z * p.scale, v.w * p.scale);
+    }
+  }
 }
 
 // ---- 2. main ------------------------------------------------------------------------------------
@@ -159,7 +208,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   E* sdS = sP + T::kTileP;                      // dS^T [keys][queries]
   float* sLse = reinterpret_cast<float*>(sdS + T::kTileP);  // [kStages][kBlockM]
   float* sDelta = sLse + T::kStages * T::kBlockM;
-  [[maybe_unused]] float* sDqStage = sDelta + T::kStages * T::kBlockM;  // kDqOwnBuffer: [warp][kRowsQ x kColsQ]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, mi = lane >> 3;
   const int warp_ks = warp % T::kKeyWarpsS, warp_qs = warp / T::kKeyWarpsS;      // phase 1
@@ -437,8 +485,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     }
 
     // Phase 3: dQ += dS K for this warp's kRowsQ query rows x kColsQ columns, added to fp32
-    // global memory with relaxed atomics, from the accumulators (no barrier) or staged in shared
-    // memory (kStagedDq). In deterministic mode each warp adds once this key tile's turn has come.
+    // global memory with relaxed atomics from the accumulators. In deterministic mode each warp
+    // adds once this key tile's turn has come.
     {
       // Deterministic mode: this step's turn counter, read once now, while the MMAs run.
       [[maybe_unused]] int* turn = nullptr;
@@ -484,52 +532,21 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           }
         }
       }
-      if constexpr (T::template kStagedDq<kDeterministic, kSoftcap>) {
-        // Each warp stages its own kRowsQ x kColsQ fp32 block (StagedRows). In the step's Q/dO
-        // stage once every warp is past phase 2 (the next step's load into this stage follows the
-        // next step's first barrier); in a buffer of its own once its lanes have read back the
-        // previous step's block.
-        float* staged;
-        if constexpr (T::kDqOwnBuffer) {
-          __syncwarp();
-          staged = sDqStage + warp * (T::kRowsQ * T::kColsQ);
-        } else {
-          __syncthreads();
-          staged = reinterpret_cast<float*>(sQs) + warp * (T::kRowsQ * T::kColsQ);
-        }
-        using Staged = StagedRows<T::kColsQ>;
-        const typename Staged::FragmentStores stores(g, t);
-#pragma unroll
-        for (int i = 0; i < T::kTilesQ; ++i)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-            for (int j = 0; j < T::kColsQ / 8; ++j)
-              *reinterpret_cast<float2*>(staged + stores.at(16 * i + 8 * rr, j)) =
-                  make_float2(acc_dq[i][j][2 * rr], acc_dq[i][j][2 * rr + 1]);
-        __syncwarp();
+      if constexpr (T::kFragmentDq) {
+        // Every group of the tile, rows and columns past the problem's included: those hold zeros
+        // (their Q rows and K columns were zero-filled) and land in the block's unread padding.
         wait_for_turn();
-        // One running pointer down the lane's rows (a pointer per row would be hoisted out of the
-        // step loop and hold 32 registers).
-        const typename Staged::RowReads reads(lane);
-        const int r0 = lane / Staged::kLanesPerRow, c4 = 4 * (lane % Staged::kLanesPerRow);
-        const int row0 = T::kRowsQ * warp_mq + r0;
-        const bool col_ok = c4 < 8 * q_cols_valid;
-        const int pass_stride = Staged::kRowsPerPass * q_row_stride;
-        auto add_rows = [&](auto guarded) {
-          float* dst = dq_rows + int64_t(row0) * q_row_stride + 8 * d_chunk_q + c4;
+        if (q_cols_valid > 0) {
+          float* dst = ws.dq_accum + FragmentDq<T>::block(p, ws.tiles_per_head, h, b, m_begin + step_m) +
+                       warp * FragmentDq<T>::kWarpFloats + 4 * lane;
 #pragma unroll
-          for (int k = 0; k < T::kRowsQ / Staged::kRowsPerPass; ++k) {
-            const float4 v = *reinterpret_cast<const float4*>(staged + reads.at(k));
-            if (!decltype(guarded)::value || (col_ok && (!kMasked || row0 + k * Staged::kRowsPerPass < rows)))
-              ptx::thread_red_add_f32x4(dst, v);
-            dst += pass_stride;
-          }
-        };
-        if (!kMasked && q_cols_valid >= T::kColsQ / 8)
-          add_rows(std::false_type{});
-        else
-          add_rows(std::true_type{});
+          for (int i = 0; i < T::kTilesQ; ++i)
+#pragma unroll
+            for (int j = 0; j < T::kColsQ / 8; ++j) {
+              const float* v = acc_dq[i][j];
+              ptx::thread_red_add_f32x4(dst + 128 * (i * (T::kColsQ / 8) + j), make_float4(v[0], v[1], v[2], v[3]));
+            }
+        }
       } else {
         wait_for_turn();
         // Rows past the tile only occur in masked steps (unmasked ones have full tiles).

@@ -57,7 +57,10 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
     turns = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident);
   }
   const int64_t rows = p.total_q * p.heads_q;
-  const size_t accum_bytes = size_t(rows * p.head_dim) * 4;
+  // The accumulator in fragment order where the table says, whole blocks per query tile
+  // (sm80::FragmentDq); else dQ's rows.
+  const size_t accum_bytes = T::kFragmentDq ? size_t(p.heads_q * ws.tiles_per_head) * T::kBlockM * T::kHeadDim * 4
+                                            : size_t(rows * p.head_dim) * 4;
   // The turn counters follow the dQ accumulator and are zeroed with it.
   const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * 4 : 0;
   const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes), stream);
@@ -70,9 +73,14 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
     check_launch("flashattn backward kernel (portable path)");
   }
 
-  const int64_t chunks = p.head_dim / 8;
-  sm80::backward_convert_dq_kernel<Element>
-      <<<dim3(unsigned((p.seqlen_q * chunks + 127) / 128), hq, batch), 128, 0, stream>>>(p, ws);
+  if constexpr (T::kFragmentDq) {
+    sm80::backward_convert_dq_fragment_kernel<T>
+        <<<dim3(unsigned(query_tiles), hq, batch), 128, 0, stream>>>(p, ws);
+  } else {
+    const int64_t chunks = p.head_dim / 8;
+    sm80::backward_convert_dq_kernel<Element>
+        <<<dim3(unsigned((p.seqlen_q * chunks + 127) / 128), hq, batch), 128, 0, stream>>>(p, ws);
+  }
   check_launch("flashattn backward dq conversion kernel");
 }
 
@@ -81,7 +89,7 @@ void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
   constexpr PortableBwdTile tile = portable_bwd_tile<kArch>(kHeadDim);
   launch_backward_portable<sm80::BwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.stages, tile.key_warps_s,
                                            tile.key_warps_kv, tile.row_warps_q, tile.min_ctas, tile.block_m,
-                                           tile.staged_dq, tile.stmatrix_ps>>(p, stream);
+                                           tile.fragment_dq, tile.stmatrix_ps>>(p, stream);
 }
 
 }  // namespace flashattn::cuda

@@ -38,48 +38,6 @@ struct LaneRows {
   }
 };
 
-// A warp's fp32 block of kCols columns staged in shared memory (the backward's dQ): rows of kCols
-// floats, 16-byte chunks XOR-swizzled with row % 8, so that the 8 rows of an mma C fragment's
-// stores and the whole rows read back both spread over every bank. Float offset of (row, col);
-// four columns from a multiple of 4 stay contiguous.
-template <int kCols>
-struct StagedRows {
-  static_assert(kCols == 32 || kCols == 64, "rows of 128 or 256 bytes: a whole swizzle period or two");
-  // A warp reads the block back in passes of kRowsPerPass whole rows, 4 columns per lane.
-  static constexpr int kLanesPerRow = kCols / 4, kRowsPerPass = 32 / kLanesPerRow;
-  __host__ __device__ __forceinline__ static int offset(int row, int col) {
-    return row * kCols + ((((col >> 2) ^ (row & 7))) << 2) + (col & 3);
-  }
-
-  // Lane (g, t)'s C-fragment stores: row row8 + g, columns 8j + 2t and + 1, with row8 (a multiple
-  // of 8) and j compile-time. The swizzle then depends on the lane and on j % 4 only, so each
-  // store is one of four per-lane bases plus a constant (evaluating offset() per store had cost
-  // three times the stores themselves in address arithmetic).
-  struct FragmentStores {
-    int base[4];
-    __host__ __device__ __forceinline__ FragmentStores(int g, int t) {
-      for (int jj = 0; jj < 4; ++jj) base[jj] = g * kCols + 4 * ((2 * jj + (t >> 1)) ^ g) + 2 * (t & 1);
-    }
-    __host__ __device__ __forceinline__ int at(int row8, int j) const {
-      return base[j & 3] + row8 * kCols + 32 * (j >> 2);
-    }
-  };
-
-  // A lane's whole-row reads: pass k reads row k * kRowsPerPass + lane / kLanesPerRow, columns
-  // 4 (lane % kLanesPerRow) to + 3; the row's swizzle repeats every kPeriod passes (8 rows).
-  struct RowReads {
-    static constexpr int kPeriod = 8 / kRowsPerPass;
-    int base[kPeriod];
-    __host__ __device__ __forceinline__ explicit RowReads(int lane) {
-      for (int kk = 0; kk < kPeriod; ++kk) {
-        const int row = kk * kRowsPerPass + lane / kLanesPerRow;
-        base[kk] = row * kCols + 4 * ((lane % kLanesPerRow) ^ row);
-      }
-    }
-    __host__ __device__ __forceinline__ int at(int k) const { return base[k % kPeriod] + (k / kPeriod) * 8 * kCols; }
-  };
-};
-
 // All threads: copy rows [0, kRows) x chunks of a global tile into shared memory; rows past
 // `rows_valid` and chunks past `chunks_valid` (head dims below the kernel's) are zero-filled, so
 // they add 0 to every dot product and nothing is read past the tensor. Each thread keeps one chunk
