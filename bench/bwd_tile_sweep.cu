@@ -44,23 +44,25 @@ struct Tag {
   using type = T;
 };
 
-// The first entry (the table's) is what the gradient checks compare the others with.
+// The first entry (the table's) is what the gradient checks compare the others with. Every variant
+// takes the table's dQ layout and stmatrix flag.
+constexpr bool kFdq = kTable.fragment_dq;
+constexpr bool kStm = kTable.stmatrix_ps;
 #if SWEEP_HDIM == 64
-using Sweep = Variants<TableBwd<>, Bwd<128, 8, 2, 4, 4, 2, 1>, Bwd<128, 8, 2, 4, 4, 2, 1, 128>,
-                       Bwd<128, 8, 2, 8, 4, 4, 1, 128>, Bwd<128, 8, 1, 4, 4, 2, 1, 128>>;
+using Sweep = Variants<TableBwd<>, Bwd<128, 8, 2, 4, 4, 2, 1, 64, kFdq, kStm>,
+                       Bwd<128, 8, 2, 4, 4, 2, 1, 128, kFdq, kStm>, Bwd<128, 8, 2, 8, 4, 4, 1, 128, kFdq, kStm>,
+                       Bwd<128, 8, 1, 4, 4, 2, 1, 128, kFdq, kStm>>;
 #elif SWEEP_HDIM == 128
-using Sweep = Variants<TableBwd<>, Bwd<128, 8, 2, 4, 4, 2, 1>, Bwd<128, 8, 2, 8, 8, 4, 1>, Bwd<128, 8, 2, 4, 4, 4, 1>,
-                       Bwd<128, 8, 2, 8, 4, 2, 1>, Bwd<64, 4, 2, 2, 2, 2, 2>>;
+using Sweep = Variants<TableBwd<>, Bwd<128, 8, 2, 4, 4, 2, 1, 64, kFdq, kStm>,
+                       Bwd<128, 8, 2, 8, 8, 4, 1, 64, kFdq, kStm>, Bwd<128, 8, 2, 4, 4, 4, 1, 64, kFdq, kStm>,
+                       Bwd<128, 8, 2, 8, 4, 2, 1, 64, kFdq, kStm>, Bwd<64, 4, 2, 2, 2, 2, 2, 64, kFdq, kStm>>;
 #else
 // d=256. 16 warps (512 threads, 128 registers each at min_ctas 1) need key_warps_s = 4 at block_n =
 // block_m = 64 (16 keys x 16 queries of S^T per warp; 8 would leave 8 keys, 2 8 queries: not
 // whole m16 tiles / ldmatrix pairs), so 8/4/4 cannot compile.
 // block_m 32 (8 warps, 4/2/x): dQ 32 fp32 registers per thread instead of 64 beside dK + dV's 128,
 // and 3 Q/dO stages in 169 KB; block_m 128 does not fit registers (dQ alone 128 per thread on 8
-// warps; 64 + dK, dV 64 on 16) and only one stage fits shared memory (225 KB). The table's dQ layout
-// and stmatrix flag throughout.
-constexpr bool kFdq = kTable.fragment_dq;
-constexpr bool kStm = kTable.stmatrix_ps;
+// warps; 64 + dK, dV 64 on 16) and only one stage fits shared memory (225 KB).
 using Sweep = Variants<TableBwd<>,                           // table: 64 x 64, 8 warps, 4/2/2, 2 stages
                        TableBwd<1>,                          // the same on one Q/dO stage (145 KB)
                        Bwd<64, 16, 2, 4, 4, 4, 1, 64, kFdq, kStm>,
