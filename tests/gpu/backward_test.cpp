@@ -353,8 +353,9 @@ TEST_F(GpuBackward, VarlenStridesAndOddHeadDims) {
 }
 
 // Head dims below their kernel's own (112 runs the d=128 kernels, 240 the d=256 ones): the columns
-// past the head dim are zero-filled on load and never added to dQ, in both modes (on the portable
-// path the staged dQ's column guard included: at 240 the last warp along the head dim owns 6 of
+// past the head dim are zero-filled on load and never reach dq, in both modes (on the portable path
+// on Hopper they add zeros into the fragment-ordered accumulator's padding and the convert kernel
+// writes only the columns below the head dim: at 240 the last warp along the head dim owns 6 of
 // its 8 chunks).
 // Packed rows before the first sequence and after the last belong to none: never read or written.
 TEST_F(GpuBackward, VarlenRowsOutsideEverySequenceUntouched) {

@@ -506,8 +506,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         }
       };
       float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
-      // The accumulator additions' first address, taken before the MMAs as in the kernels measured
-      // (taken after them, ptxas allocates the deterministic softcap d=256 kernel differently).
+      // The row layout's first address (builds without fragment_dq), taken before the MMAs as in
+      // the kernels measured (taken after them, ptxas had allocated a d=256 kernel differently).
       [[maybe_unused]] float* dq_thread = dq_rows + int64_t(q_row0) * q_row_stride + 8 * d_chunk_q + 2 * t;
 #pragma unroll
       for (int i = 0; i < T::kTilesQ; ++i)
