@@ -196,6 +196,41 @@ struct PackedTile {
   }
 };
 
+// Decoding's few query rows (kernel_impl.h's *_rows kernels): q and o~ row-major in the workspace's
+// qt and ot ([rows][d]), the key tile's K and V rows wherever they lie. attend_tiles hands a tile
+// rows rounded out to whole vectors; only the real ones are computed, and the padded columns of the
+// score tile are zeroed, so the softmax pass over whole vectors reads no stale values.
+template <class T>
+struct RowTile {
+  const T* const* k;
+  const T* const* v;
+  static int64_t real_rows(const Workspace<T>& ws, int64_t i0, int64_t rows) {
+    return ws.rows - i0 < rows ? ws.rows - i0 : rows;
+  }
+  void scores(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
+    const int64_t real = real_rows(ws, i0, rows);
+    T* st = ws.st.get() + i0;
+    kern.scores_rows(k, nk, ws.qt.get() + i0 * ws.d, ws.d, real, ws.mpad, st);
+    for (int64_t j = 0; j < nk; ++j)
+      for (int64_t i = real; i < rows; ++i) st[j * ws.mpad + i] = T(0);
+  }
+  void softmax(Workspace<T>& ws, const TileKernels<T>& kern, T c, int64_t nk, int64_t i0, int64_t rows) const {
+    kern.softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0);
+  }
+  void accumulate(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
+    kern.accumulate_rows(v, nk, ws.st.get() + i0, real_rows(ws, i0, rows), ws.mpad, ws.d, ws.f + i0,
+                         ws.ot.get() + i0 * ws.d);
+  }
+};
+
+// Starts a query tile for RowTile: reset_tile, and row i's q values copied to row i of qt.
+template <class T, class QRow, class Pos>
+void begin_rows(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t rows,
+                const QRow& q_row, const Pos& pos) {
+  reset_tile(ws, kern.row_align, cfg, rows, pos);
+  for (int64_t i = 0; i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), ws.qt.get() + i * ws.d, ws.d);
+}
+
 // The usual key source of attend_tiles: packs each key tile into the workspace from the rows that
 // key_rows(t) points to.
 template <class T, class KeyRows>
@@ -283,6 +318,15 @@ T finish_row(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i, const 
   T scale = core::finalize_scale(ws.l[i]);
   const T* ot = ws.ot.get();
   for (int64_t x = 0; x < ws.d; ++x) store(x, ot[x * ws.mpad + i] * scale);
+  return row_lse(ws, cfg, i);
+}
+
+// The same for a tile started by begin_rows (o~ row-major).
+template <class T, class Store>
+T finish_row_rows(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i, const Store& store) {
+  T scale = core::finalize_scale(ws.l[i]);
+  const T* o = ws.ot.get() + i * ws.d;
+  for (int64_t x = 0; x < ws.d; ++x) store(x, o[x] * scale);
   return row_lse(ws, cfg, i);
 }
 

@@ -181,6 +181,17 @@ class ScratchCache {
 // bare metal the break-even is lower still.
 constexpr int64_t kWorkerElems = int64_t(256) << 10;
 
+// Whether a tile of `rows` rows runs the few-rows kernels (kernel_impl.h: the head dim in the vector
+// lanes, key rows read where they lie): where its rows would fill at most half of each vector of
+// the usual kernels, which keep rows in the lanes (4 rows, 32 query heads on 8 KV heads and one new
+// token, use 4 of AVX-512's 16). On a 2-core VM, 2 threads, against those kernels: f32 2.2-2.5x
+// at 16-256 keys, 1.3x at 1k, level at 8k (memory-bound); fp16 1.5-2.3x
+// (bench/results/cpu_decode_fewrows_2026-12-05.txt).
+template <class T>
+bool rows_kernels(const TileKernels<T>& kern, int64_t rows) {
+  return rows * 2 <= kern.row_align;
+}
+
 // amx: the AMX kernels for a bf16 cache (amx.h), or null for the float (or double) kernels.
 // Few query rows meet each key here, and the float kernels keep rows in vector lanes, so with 4 rows
 // three quarters of their lanes idle; a tile product pads the rows to 16 as well, but at 16 times
@@ -306,7 +317,34 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
         on_tiles = true;
       }
     }
-    if (!on_tiles) {
+    // A tile of at most half a vector of rows takes the few-rows kernels (rows_kernels above).
+    const bool few = !on_tiles && rows_kernels(kern, r1 - r0);
+    if (few) {
+      Workspace<T>& keys = *space.keys;
+      for (int64_t hk = hk0; hk < hk1; ++hk)
+        begin_rows(*space.heads[size_t(hk - hk0)], kern, cfg, r1 - r0, q_rows(hk), token);
+      // f32 caches are read where they lie; others are widened into the key workspace first.
+      const bool direct = dtype_size(p.dtype) == int64_t(sizeof(T));
+      const T* k_at[kDecodeBlockN];
+      const T* v_at[kDecodeBlockN];
+      for (int64_t n = n_begin; n < n_end; ++n)
+        for (int64_t hk = hk0; hk < hk1; ++hk)
+          attend_tiles(*space.heads[size_t(hk - hk0)], kern, cfg, tr, n, n + 1, [&](int64_t k0, int64_t nk) {
+            const auto rows_of = key_rows(hk);
+            if (!direct) load_keys(keys, kern, p.dtype, k0, nk, rows_of);
+            for (int64_t j = 0; j < nk; ++j) {
+              if (direct) {
+                const auto [k, v] = rows_of(k0 + j);
+                k_at[j] = static_cast<const T*>(k);
+                v_at[j] = static_cast<const T*>(v);
+              } else {
+                k_at[j] = keys.kt.get() + j * keys.ld;
+                v_at[j] = keys.vt.get() + j * keys.ld;
+              }
+            }
+            return RowTile<T>{k_at, v_at};
+          });
+    } else if (!on_tiles) {
       Workspace<T>& keys = *space.keys;
       for (int64_t hk = hk0; hk < hk1; ++hk) {
         Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
@@ -322,14 +360,17 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
 
     for (int64_t hk = hk0; hk < hk1; ++hk) {
       const Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
+      auto finish = [&](int64_t i, const auto& store) {
+        return few ? finish_row_rows(ws, cfg, i, store) : finish_row(ws, cfg, i, store);
+      };
       for (int64_t i = 0; i < ws.rows; ++i) {
         if (splits > 1) {
           const int64_t at = part_at(b, hk, rt, split, i);
           T* o = part_o.data() + at * d;
-          part_lse[size_t(at)] = finish_row(ws, cfg, i, [&](int64_t x, T val) { o[x] = val; });
+          part_lse[size_t(at)] = finish(i, [&](int64_t x, T val) { o[x] = val; });
         } else {
           char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i));
-          T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
+          T lse = finish(i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
           if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(hk, i)), lse);
         }
       }

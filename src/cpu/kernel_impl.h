@@ -181,6 +181,86 @@ void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename
   }
 }
 
+// ---- few query rows, the head dimension in the vector lanes --------------------------------------
+// Decoding's tiles have a handful of rows (the query heads of one KV head, times the new tokens):
+// in the kernels above they would fill rows / W of each vector. These put the head dimension in the
+// lanes instead, with the rows row-major (q, o: [rows][d]) and the key rows wherever they lie
+// (k[j], v[j]: no packing for f32 caches). ST and f are the kernels' usual [nk][mpad] and [mpad].
+
+// ST[j][i] = q_i . k_j for j < nk, i < rows: per key, four rows' products over the lanes, then the
+// four lane sums together (V::sum4); head dims past the last whole vector add lane by lane.
+template <class V>
+void scores_rows(const typename V::T* const* k, int64_t nk, const typename V::T* q, int64_t d, int64_t rows,
+                 int64_t mpad, typename V::T* st) {
+  using T = typename V::T;
+  using reg = typename V::reg;
+  const int64_t dv = d / V::W * V::W;
+  for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+    const int64_t nr = min_i64(4, rows - i0);
+    const T* q0 = q + i0 * d;
+    // Rows past the tile's own repeat its first, so the loop stays branch-free; their sums are dropped.
+    const T* q1 = nr > 1 ? q0 + d : q0;
+    const T* q2 = nr > 2 ? q0 + 2 * d : q0;
+    const T* q3 = nr > 3 ? q0 + 3 * d : q0;
+    for (int64_t j = 0; j < nk; ++j) {
+      const T* kj = k[j];
+      reg a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t x = 0; x < dv; x += V::W) {
+        const reg kv = V::load(kj + x);
+        a0 = V::fma(kv, V::load(q0 + x), a0);
+        a1 = V::fma(kv, V::load(q1 + x), a1);
+        a2 = V::fma(kv, V::load(q2 + x), a2);
+        a3 = V::fma(kv, V::load(q3 + x), a3);
+      }
+      alignas(64) T s[4];
+      V::sum4(a0, a1, a2, a3, s);
+      for (int64_t x = dv; x < d; ++x) {
+        s[0] += kj[x] * q0[x];
+        s[1] += kj[x] * q1[x];
+        s[2] += kj[x] * q2[x];
+        s[3] += kj[x] * q3[x];
+      }
+      for (int64_t r = 0; r < nr; ++r) st[j * mpad + i0 + r] = s[r];
+    }
+  }
+}
+
+// o_i = f_i o_i + sum_j PT[j][i] v_j for i < rows, over blocks of up to four vectors of the head
+// dimension (four rows x four vectors of accumulators), then lane by lane past the last whole vector.
+template <class V>
+void accumulate_rows(const typename V::T* const* v, int64_t nk, const typename V::T* pt, int64_t rows, int64_t mpad,
+                     int64_t d, const typename V::T* f, typename V::T* o) {
+  using T = typename V::T;
+  using reg = typename V::reg;
+  constexpr int kVecs = 4;
+  const int64_t dv = d / V::W * V::W;
+  for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+    const int nr = int(min_i64(4, rows - i0));
+    for (int64_t x0 = 0; x0 < dv; x0 += kVecs * V::W) {
+      const int nv = int(min_i64(kVecs, (dv - x0) / V::W));
+      reg acc[4][kVecs];
+      for (int r = 0; r < nr; ++r)
+        for (int c = 0; c < nv; ++c) acc[r][c] = V::mul(V::load(o + (i0 + r) * d + x0 + c * V::W), V::set1(f[i0 + r]));
+      for (int64_t j = 0; j < nk; ++j) {
+        const T* vj = v[j] + x0;
+        const T* p = pt + j * mpad + i0;
+        for (int c = 0; c < nv; ++c) {
+          const reg vv = V::load(vj + c * V::W);
+          for (int r = 0; r < nr; ++r) acc[r][c] = V::fma(V::set1(p[r]), vv, acc[r][c]);
+        }
+      }
+      for (int r = 0; r < nr; ++r)
+        for (int c = 0; c < nv; ++c) V::store(o + (i0 + r) * d + x0 + c * V::W, acc[r][c]);
+    }
+    for (int64_t x = dv; x < d; ++x)
+      for (int r = 0; r < nr; ++r) {
+        T a = o[(i0 + r) * d + x] * f[i0 + r];
+        for (int64_t j = 0; j < nk; ++j) a += pt[j * mpad + i0 + r] * v[j][x];
+        o[(i0 + r) * d + x] = a;
+      }
+  }
+}
+
 // ---- online softmax over a tile ----------------------------------------------------------------
 // Column i of ST holds the scores of query row i: the update of core::SoftmaxState, W rows at once.
 // The running max m stays in score units; exponents are formed as (s - base) * c, the difference
@@ -235,6 +315,8 @@ TileKernels<typename V::T> make_kernels(KernelLevel level) {
   t.softcap = &softcap<V>;
   t.softmax = &softmax<V>;
   t.accumulate = &accumulate<V>;
+  t.scores_rows = &scores_rows<V>;
+  t.accumulate_rows = &accumulate_rows<V>;
   t.widen = &V::widen;
   t.narrow = &V::narrow;
   return t;

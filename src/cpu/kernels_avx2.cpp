@@ -28,6 +28,11 @@ struct Avx2 {
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  // The lane sums of a0..a3 into out[0..3]: two rounds of pairwise adds, then the two halves.
+  static void sum4(reg a0, reg a1, reg a2, reg a3, float* out) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
   static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }  // b when either is NaN
   static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static reg pow2i(reg n) {

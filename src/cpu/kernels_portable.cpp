@@ -27,6 +27,12 @@ struct Scalar {
   static T sub(T a, T b) { return a - b; }
   static T mul(T a, T b) { return a * b; }
   static T fma(T a, T b, T c) { return a * b + c; }
+  static void sum4(T a0, T a1, T a2, T a3, T* out) {
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+  }
   static T max(T a, T b) { return a > b ? a : b; }
   static T exponent_base(T m) { return core::exponent_base(m); }
   static T exp2(T x) { return core::exp2_(x); }

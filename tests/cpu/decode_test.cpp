@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cpu/simd.h"
 #include "flashattn/flashattn.hpp"
 #include "test_util.h"
 
@@ -197,6 +199,32 @@ TEST_P(DecodeCoverage, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeCoverage, ::testing::Values(DType::f32, DType::f16, DType::bf16, DType::f64),
                          [](const auto& info) { return std::string(flashattn::dtype_name(info.param)); });
+
+// Tiles of at most half a vector of rows take the few-rows kernels (head dim in the lanes; decode.cpp's
+// rows_kernels): at every SIMD level this CPU has, 1, 4 and 8 rows (MHA, GQA 4, GQA 4 with two new
+// tokens), head dims with a tail past the last whole AVX-512 vector (40, 72), masks, softcap, key
+// counts around the 256-key tile, paged and contiguous caches, f32 (rows read in place) and 16-bit
+// caches (widened first). bf16 at the amx level runs the AMX kernels instead.
+TEST(Decode, FewRowsKernelsAtEverySimdLevel) {
+  using flashattn::cpu::KernelLevel;
+  for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512, KernelLevel::amx}) {
+    if (int(level) > int(flashattn::cpu::detected_level())) continue;
+    setenv("FLASHATTN_CPU_KERNEL", flashattn::cpu::level_name(level), 1);
+    uint32_t seed = 300;
+    for (DType t : {DType::f32, DType::f16, DType::bf16})
+      for (Case c : {Case{.lens = {0, 1, 255, 256, 257, 600}, .sn = 1, .hq = 8, .hkv = 2, .d = 40},
+                     Case{.lens = {70, 513}, .sn = 2, .hq = 8, .hkv = 2, .d = 72, .page_size = 0, .causal = true,
+                          .wl = 300, .softcap = 5.f, .pad = 2},
+                     Case{.lens = {1000}, .sn = 1, .hq = 3, .hkv = 3, .d = 128, .splits = 3},
+                     Case{.lens = {9, 300}, .sn = 1, .hq = 4, .hkv = 1, .d = 256, .page_size = 64, .wl = 100,
+                          .wr = 0}}) {
+        c.dtype = t;
+        SCOPED_TRACE(flashattn::cpu::level_name(level));
+        run_and_check(c, seed++);
+      }
+  }
+  unsetenv("FLASHATTN_CPU_KERNEL");
+}
 
 TEST(Decode, SplitCountsAgree) {
   for (DType t : {DType::f32, DType::bf16}) {
