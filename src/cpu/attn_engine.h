@@ -197,20 +197,22 @@ struct PackedTile {
 };
 
 // Decoding's few query rows (kernel_impl.h's *_rows kernels): q and o~ row-major in the workspace's
-// qt and ot ([rows][d]), the key tile's K and V rows wherever they lie. attend_tiles hands a tile
+// qt and ot ([rows][d]), the key tile's K and V rows wherever they lie, of dtype t (T's own, or
+// 16-bit, widened as the kernels load them). attend_tiles hands a tile
 // rows rounded out to whole vectors; only the real ones are computed, and the padded columns of the
 // score tile are zeroed, so the softmax pass over whole vectors reads no stale values.
 template <class T>
 struct RowTile {
-  const T* const* k;
-  const T* const* v;
+  const void* const* k;
+  const void* const* v;
+  DType t;
   static int64_t real_rows(const Workspace<T>& ws, int64_t i0, int64_t rows) {
     return ws.rows - i0 < rows ? ws.rows - i0 : rows;
   }
   void scores(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
     const int64_t real = real_rows(ws, i0, rows);
     T* st = ws.st.get() + i0;
-    kern.scores_rows(k, nk, ws.qt.get() + i0 * ws.d, ws.d, real, ws.mpad, st);
+    kern.scores_rows(k, t, nk, ws.qt.get() + i0 * ws.d, ws.d, real, ws.mpad, st);
     for (int64_t j = 0; j < nk; ++j)
       for (int64_t i = real; i < rows; ++i) st[j * ws.mpad + i] = T(0);
   }
@@ -218,7 +220,7 @@ struct RowTile {
     kern.softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0);
   }
   void accumulate(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
-    kern.accumulate_rows(v, nk, ws.st.get() + i0, real_rows(ws, i0, rows), ws.mpad, ws.d, ws.f + i0,
+    kern.accumulate_rows(v, t, nk, ws.st.get() + i0, real_rows(ws, i0, rows), ws.mpad, ws.d, ws.f + i0,
                          ws.ot.get() + i0 * ws.d);
   }
 };

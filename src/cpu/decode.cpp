@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -184,9 +185,7 @@ constexpr int64_t kWorkerElems = int64_t(256) << 10;
 // Whether a tile of `rows` rows runs the few-rows kernels (kernel_impl.h: the head dim in the vector
 // lanes, key rows read where they lie): where its rows would fill at most half of each vector of
 // the usual kernels, which keep rows in the lanes (4 rows, 32 query heads on 8 KV heads and one new
-// token, use 4 of AVX-512's 16). On a 2-core VM, 2 threads, against those kernels: f32 2.2-2.5x
-// at 16-256 keys, 1.3x at 1k, level at 8k (memory-bound); fp16 1.5-2.3x
-// (bench/results/cpu_decode_fewrows_2026-12-05.txt).
+// token, use 4 of AVX-512's 16). Measured on a 2-core VM in bench/results/cpu_decode_fewrows_2026-12-05.txt.
 template <class T>
 bool rows_kernels(const TileKernels<T>& kern, int64_t rows) {
   return rows * 2 <= kern.row_align;
@@ -196,8 +195,9 @@ bool rows_kernels(const TileKernels<T>& kern, int64_t rows) {
 // Few query rows meet each key here, and the float kernels keep rows in vector lanes, so with 4 rows
 // three quarters of their lanes idle; a tile product pads the rows to 16 as well, but at 16 times
 // the multiply-adds per cycle: bf16 decoding ran 2.5x (8k keys) and 1.7x (32k) as fast as on the
-// float kernels, 32 query heads on 8 KV heads, d = 128. fp16 caches stay on the float kernels: split
-// into halves (amx.h) they took 1.25x as long at 32k keys.
+// float kernels, 32 query heads on 8 KV heads, d = 128 (before the few-rows kernels, which now take
+// such tiles: decode() below). fp16 caches stay on the float kernels: split into halves (amx.h) they
+// took 1.25x as long at 32k keys.
 template <class T>
 void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const core::DecodeParams& p = c.p;
@@ -320,29 +320,17 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
     // A tile of at most half a vector of rows takes the few-rows kernels (rows_kernels above).
     const bool few = !on_tiles && rows_kernels(kern, r1 - r0);
     if (few) {
-      Workspace<T>& keys = *space.keys;
       for (int64_t hk = hk0; hk < hk1; ++hk)
         begin_rows(*space.heads[size_t(hk - hk0)], kern, cfg, r1 - r0, q_rows(hk), token);
-      // f32 caches are read where they lie; others are widened into the key workspace first.
-      const bool direct = dtype_size(p.dtype) == int64_t(sizeof(T));
-      const T* k_at[kDecodeBlockN];
-      const T* v_at[kDecodeBlockN];
+      // The cache's rows are read where they lie, 16-bit ones widened as the kernels load them.
+      const void* k_at[kDecodeBlockN];
+      const void* v_at[kDecodeBlockN];
       for (int64_t n = n_begin; n < n_end; ++n)
         for (int64_t hk = hk0; hk < hk1; ++hk)
           attend_tiles(*space.heads[size_t(hk - hk0)], kern, cfg, tr, n, n + 1, [&](int64_t k0, int64_t nk) {
             const auto rows_of = key_rows(hk);
-            if (!direct) load_keys(keys, kern, p.dtype, k0, nk, rows_of);
-            for (int64_t j = 0; j < nk; ++j) {
-              if (direct) {
-                const auto [k, v] = rows_of(k0 + j);
-                k_at[j] = static_cast<const T*>(k);
-                v_at[j] = static_cast<const T*>(v);
-              } else {
-                k_at[j] = keys.kt.get() + j * keys.ld;
-                v_at[j] = keys.vt.get() + j * keys.ld;
-              }
-            }
-            return RowTile<T>{k_at, v_at};
+            for (int64_t j = 0; j < nk; ++j) std::tie(k_at[j], v_at[j]) = rows_of(k0 + j);
+            return RowTile<T>{k_at, v_at, p.dtype};
           });
     } else if (!on_tiles) {
       Workspace<T>& keys = *space.keys;
@@ -390,12 +378,18 @@ void decode(const core::DecodeParams& p) {
   if (p.append) append(c);
   if (p.dtype == DType::f64) return attend<double>(c, double_kernels(), nullptr);
   // bf16 caches only: an fp16 one would take three tile products and the split of every row
-  // (amx.h), which measured slower here than the float kernels (b=1, 8 KV heads, 8k-32k keys).
+  // (amx.h), which measured slower here than the float kernels (b=1, 8 KV heads, 8k-32k keys). And
+  // only for tiles with more rows than the few-rows kernels take: with 4 rows those ran bf16 at
+  // 1.1-1.7x the AMX kernels' speed at 16, 1k and 8k keys, 0.94x at 256
+  // (bench/results/cpu_decode_fewrows_2026-12-05.txt).
+  const TileKernels<float>& kern = float_kernels();
   const AmxKernels* amx = nullptr;
 #if defined(__x86_64__)
-  if (p.dtype == DType::bf16 && p.head_dim % 32 == 0 && active_level() == KernelLevel::amx) amx = &amx_kernels();
+  if (p.dtype == DType::bf16 && p.head_dim % 32 == 0 && active_level() == KernelLevel::amx &&
+      !rows_kernels(kern, p.heads_q / p.heads_kv * p.seqlen_new))
+    amx = &amx_kernels();
 #endif
-  attend<float>(c, float_kernels(), amx);
+  attend<float>(c, kern, amx);
 }
 
 }  // namespace flashattn::cpu

@@ -19,6 +19,9 @@ namespace {
 
 inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// Head dims past the last whole vector (fewer than the widest level's 16 floats).
+inline constexpr int64_t kMaxTailDims = 16;
+
 // ---- vector exp2 and tanh (SIMD levels; the portable level calls libm) ------------------------
 // These need from V: round (to nearest integer), pow2i (2^n for integral n in [-127, 128]), abs,
 // copysign(magnitude, sign), div and less_select(a, b, x, y) = a < b ? x : y.
@@ -184,14 +187,40 @@ void accumulate(const typename V::T* vt, int64_t ldv, int64_t nk, const typename
 // ---- few query rows, the head dimension in the vector lanes --------------------------------------
 // Decoding's tiles have a handful of rows (the query heads of one KV head, times the new tokens):
 // in the kernels above they would fill rows / W of each vector. These put the head dimension in the
-// lanes instead, with the rows row-major (q, o: [rows][d]) and the key rows wherever they lie
-// (k[j], v[j]: no packing for f32 caches). ST and f are the kernels' usual [nk][mpad] and [mpad].
+// lanes instead, with the rows row-major (q, o: [rows][d]) and the key rows read where they lie
+// (k[j], v[j]), in the kernels' own type or as f16 / bf16 widened while they load (no pass over the
+// tile first). ST and f are the kernels' usual [nk][mpad] and [mpad].
+
+// Where the key rows' values come from: rows of the kernels' own type, or of 16-bit values.
+template <class V>
+struct OwnRows {
+  using E = typename V::T;
+  static typename V::reg load(const E* p) { return V::load(p); }
+  static void widen(const E* p, int64_t n, typename V::T* dst) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = p[i];
+  }
+};
+template <class V, DType kType>
+struct HalfRows {
+  using E = uint16_t;
+  static typename V::reg load(const E* p) { return kType == DType::f16 ? V::load_f16(p) : V::load_bf16(p); }
+  static void widen(const E* p, int64_t n, typename V::T* dst) { V::widen(p, kType, dst, n); }
+};
+
+// Asks for row r's d values a few rows ahead of their use: the products wait on each key's loads,
+// so without it few reads are in flight, and a cache in DRAM streamed at a fraction of the rate a
+// copy of the tile first reaches.
+template <class E>
+void prefetch_row(const E* r, int64_t d) {
+  for (int64_t b = 0; b < d * int64_t(sizeof(E)); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(r) + b);
+}
+constexpr int64_t kPrefetchRows = 8;
 
 // ST[j][i] = q_i . k_j for j < nk, i < rows: per key, four rows' products over the lanes, then the
 // four lane sums together (V::sum4); head dims past the last whole vector add lane by lane.
-template <class V>
-void scores_rows(const typename V::T* const* k, int64_t nk, const typename V::T* q, int64_t d, int64_t rows,
-                 int64_t mpad, typename V::T* st) {
+template <class V, class Rows>
+void scores_rows_from(const void* const* k, int64_t nk, const typename V::T* q, int64_t d, int64_t rows, int64_t mpad,
+                      typename V::T* st) {
   using T = typename V::T;
   using reg = typename V::reg;
   const int64_t dv = d / V::W * V::W;
@@ -203,10 +232,12 @@ void scores_rows(const typename V::T* const* k, int64_t nk, const typename V::T*
     const T* q2 = nr > 2 ? q0 + 2 * d : q0;
     const T* q3 = nr > 3 ? q0 + 3 * d : q0;
     for (int64_t j = 0; j < nk; ++j) {
-      const T* kj = k[j];
+      const auto* kj = static_cast<const typename Rows::E*>(k[j]);
+      if (i0 == 0 && j + kPrefetchRows < nk)
+        prefetch_row(static_cast<const typename Rows::E*>(k[j + kPrefetchRows]), d);
       reg a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t x = 0; x < dv; x += V::W) {
-        const reg kv = V::load(kj + x);
+        const reg kv = Rows::load(kj + x);
         a0 = V::fma(kv, V::load(q0 + x), a0);
         a1 = V::fma(kv, V::load(q1 + x), a1);
         a2 = V::fma(kv, V::load(q2 + x), a2);
@@ -214,11 +245,15 @@ void scores_rows(const typename V::T* const* k, int64_t nk, const typename V::T*
       }
       alignas(64) T s[4];
       V::sum4(a0, a1, a2, a3, s);
-      for (int64_t x = dv; x < d; ++x) {
-        s[0] += kj[x] * q0[x];
-        s[1] += kj[x] * q1[x];
-        s[2] += kj[x] * q2[x];
-        s[3] += kj[x] * q3[x];
+      if (dv < d) {
+        alignas(64) T kt[kMaxTailDims];
+        Rows::widen(kj + dv, d - dv, kt);
+        for (int64_t x = dv; x < d; ++x) {
+          s[0] += kt[x - dv] * q0[x];
+          s[1] += kt[x - dv] * q1[x];
+          s[2] += kt[x - dv] * q2[x];
+          s[3] += kt[x - dv] * q3[x];
+        }
       }
       for (int64_t r = 0; r < nr; ++r) st[j * mpad + i0 + r] = s[r];
     }
@@ -227,11 +262,12 @@ void scores_rows(const typename V::T* const* k, int64_t nk, const typename V::T*
 
 // o_i = f_i o_i + sum_j PT[j][i] v_j for i < rows, over blocks of up to four vectors of the head
 // dimension (four rows x four vectors of accumulators), then lane by lane past the last whole vector.
-template <class V>
-void accumulate_rows(const typename V::T* const* v, int64_t nk, const typename V::T* pt, int64_t rows, int64_t mpad,
-                     int64_t d, const typename V::T* f, typename V::T* o) {
+template <class V, class Rows>
+void accumulate_rows_from(const void* const* v, int64_t nk, const typename V::T* pt, int64_t rows, int64_t mpad,
+                          int64_t d, const typename V::T* f, typename V::T* o) {
   using T = typename V::T;
   using reg = typename V::reg;
+  using E = typename Rows::E;
   constexpr int kVecs = 4;
   const int64_t dv = d / V::W * V::W;
   for (int64_t i0 = 0; i0 < rows; i0 += 4) {
@@ -242,23 +278,44 @@ void accumulate_rows(const typename V::T* const* v, int64_t nk, const typename V
       for (int r = 0; r < nr; ++r)
         for (int c = 0; c < nv; ++c) acc[r][c] = V::mul(V::load(o + (i0 + r) * d + x0 + c * V::W), V::set1(f[i0 + r]));
       for (int64_t j = 0; j < nk; ++j) {
-        const T* vj = v[j] + x0;
+        const E* vj = static_cast<const E*>(v[j]) + x0;
+        if (i0 == 0 && x0 == 0 && j + kPrefetchRows < nk) prefetch_row(static_cast<const E*>(v[j + kPrefetchRows]), d);
         const T* p = pt + j * mpad + i0;
         for (int c = 0; c < nv; ++c) {
-          const reg vv = V::load(vj + c * V::W);
+          const reg vv = Rows::load(vj + c * V::W);
           for (int r = 0; r < nr; ++r) acc[r][c] = V::fma(V::set1(p[r]), vv, acc[r][c]);
         }
       }
       for (int r = 0; r < nr; ++r)
         for (int c = 0; c < nv; ++c) V::store(o + (i0 + r) * d + x0 + c * V::W, acc[r][c]);
     }
-    for (int64_t x = dv; x < d; ++x)
-      for (int r = 0; r < nr; ++r) {
-        T a = o[(i0 + r) * d + x] * f[i0 + r];
-        for (int64_t j = 0; j < nk; ++j) a += pt[j * mpad + i0 + r] * v[j][x];
-        o[(i0 + r) * d + x] = a;
+    if (dv < d) {
+      for (int r = 0; r < nr; ++r)
+        for (int64_t x = dv; x < d; ++x) o[(i0 + r) * d + x] *= f[i0 + r];
+      for (int64_t j = 0; j < nk; ++j) {
+        alignas(64) T vt[kMaxTailDims];
+        Rows::widen(static_cast<const E*>(v[j]) + dv, d - dv, vt);
+        for (int r = 0; r < nr; ++r)
+          for (int64_t x = dv; x < d; ++x) o[(i0 + r) * d + x] += pt[j * mpad + i0 + r] * vt[x - dv];
       }
+    }
   }
+}
+
+// The row type picks the loader: f16 and bf16 rows widen as they load; other rows are of type T.
+template <class V>
+void scores_rows(const void* const* k, DType t, int64_t nk, const typename V::T* q, int64_t d, int64_t rows,
+                 int64_t mpad, typename V::T* st) {
+  if (t == DType::f16) return scores_rows_from<V, HalfRows<V, DType::f16>>(k, nk, q, d, rows, mpad, st);
+  if (t == DType::bf16) return scores_rows_from<V, HalfRows<V, DType::bf16>>(k, nk, q, d, rows, mpad, st);
+  scores_rows_from<V, OwnRows<V>>(k, nk, q, d, rows, mpad, st);
+}
+template <class V>
+void accumulate_rows(const void* const* v, DType t, int64_t nk, const typename V::T* pt, int64_t rows, int64_t mpad,
+                     int64_t d, const typename V::T* f, typename V::T* o) {
+  if (t == DType::f16) return accumulate_rows_from<V, HalfRows<V, DType::f16>>(v, nk, pt, rows, mpad, d, f, o);
+  if (t == DType::bf16) return accumulate_rows_from<V, HalfRows<V, DType::bf16>>(v, nk, pt, rows, mpad, d, f, o);
+  accumulate_rows_from<V, OwnRows<V>>(v, nk, pt, rows, mpad, d, f, o);
 }
 
 // ---- online softmax over a tile ----------------------------------------------------------------

@@ -27,6 +27,14 @@ struct Avx512 {
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  // W values of an fp16 / bf16 row as floats (bf16 is the top half of an fp32).
+  static reg load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static reg load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
   // The lane sums of a0..a3 into out[0..3]: pairs, then quads per 128-bit block, then the four
   // blocks (13 instructions for all four, where four separate reductions take about 32).
   static void sum4(reg a0, reg a1, reg a2, reg a3, float* out) {

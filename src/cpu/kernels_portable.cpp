@@ -27,6 +27,16 @@ struct Scalar {
   static T sub(T a, T b) { return a - b; }
   static T mul(T a, T b) { return a * b; }
   static T fma(T a, T b, T c) { return a * b + c; }
+  static T load_f16(const uint16_t* p) {
+    T x;
+    widen(p, DType::f16, &x, 1);
+    return x;
+  }
+  static T load_bf16(const uint16_t* p) {
+    T x;
+    widen(p, DType::bf16, &x, 1);
+    return x;
+  }
   static void sum4(T a0, T a1, T a2, T a3, T* out) {
     out[0] = a0;
     out[1] = a1;

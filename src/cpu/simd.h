@@ -54,10 +54,12 @@ struct TileKernels {
   void (*accumulate)(const T* v, int64_t ldv, int64_t nk, const T* pt, int64_t rows, int64_t mpad, int64_t d,
                      const T* f, T* ot);
   // The same two products for a few query rows with the head dim in the vector lanes (decoding;
-  // kernel_impl.h): q and o row-major, rows d apart; the key rows k[j], v[j] anywhere.
-  void (*scores_rows)(const T* const* k, int64_t nk, const T* q, int64_t d, int64_t rows, int64_t mpad, T* st);
-  void (*accumulate_rows)(const T* const* v, int64_t nk, const T* pt, int64_t rows, int64_t mpad, int64_t d,
-                          const T* f, T* o);
+  // kernel_impl.h): q and o row-major, rows d apart; the key rows k[j], v[j] anywhere, of type t
+  // (T's own, or f16 / bf16, widened as they load).
+  void (*scores_rows)(const void* const* k, DType t, int64_t nk, const T* q, int64_t d, int64_t rows, int64_t mpad,
+                      T* st);
+  void (*accumulate_rows)(const void* const* v, DType t, int64_t nk, const T* pt, int64_t rows, int64_t mpad,
+                          int64_t d, const T* f, T* o);
   // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
   void (*widen)(const void* src, DType t, T* dst, int64_t n);
   // dst[0, n) = mul * src rounded to nearest even into f16 or bf16: the values of core::to_half and
