@@ -97,6 +97,7 @@ struct Workspace {
   alignas(64) T m[kMaxTileRows], l[kMaxTileRows], f[kMaxTileRows];
   int64_t lo[kMaxTileRows], hi[kMaxTileRows];  // visible keys [lo, hi) of each row
   int64_t rows = 0, mpad = 0;
+  bool row_major = false;  // qt and ot hold q and o~ as [rows][d] (begin_rows), not transposed
   size_t bytes() const { return sizeof(*this) + qt.bytes() + ot.bytes() + st.bytes() + kt.bytes() + vt.bytes(); }
 };
 
@@ -138,6 +139,7 @@ template <class T, class Pos>
 void reset_tile(Workspace<T>& ws, int64_t row_align, const TileConfig<T>& cfg, int64_t rows, const Pos& pos) {
   ws.rows = rows;
   ws.mpad = ceil_div(rows, row_align) * row_align;
+  ws.row_major = false;
   for (int64_t i = 0; i < ws.mpad; ++i) {
     ws.lo[i] = i < rows ? cfg.mask.lo(pos(i)) : 0;
     ws.hi[i] = i < rows ? cfg.mask.hi(pos(i)) : 0;
@@ -198,9 +200,9 @@ struct PackedTile {
 
 // Decoding's few query rows (kernel_impl.h's *_rows kernels): q and o~ row-major in the workspace's
 // qt and ot ([rows][d]), the key tile's K and V rows wherever they lie, of dtype t (T's own, or
-// 16-bit, widened as the kernels load them). attend_tiles hands a tile
-// rows rounded out to whole vectors; only the real ones are computed, and the padded columns of the
-// score tile are zeroed, so the softmax pass over whole vectors reads no stale values.
+// 16-bit, widened as the kernels load them). attend_tiles hands a tile rows rounded out to whole
+// vectors; only the real ones are computed, and the padded columns of the score tile are zeroed,
+// so the softmax pass over whole vectors reads no stale values.
 template <class T>
 struct RowTile {
   const void* const* k;
@@ -230,6 +232,7 @@ template <class T, class QRow, class Pos>
 void begin_rows(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t rows,
                 const QRow& q_row, const Pos& pos) {
   reset_tile(ws, kern.row_align, cfg, rows, pos);
+  ws.row_major = true;
   for (int64_t i = 0; i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), ws.qt.get() + i * ws.d, ws.d);
 }
 
@@ -314,21 +317,13 @@ T row_lse(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i) {
 }
 
 // Row i's final output o~ / l, written through `store(x, value)`; returns its lse. A row that saw
-// no key gets 0 and -inf (core::finalize_*).
+// no key gets 0 and -inf (core::finalize_*). o~ is transposed, or row-major after begin_rows.
 template <class T, class Store>
 T finish_row(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i, const Store& store) {
   T scale = core::finalize_scale(ws.l[i]);
-  const T* ot = ws.ot.get();
-  for (int64_t x = 0; x < ws.d; ++x) store(x, ot[x * ws.mpad + i] * scale);
-  return row_lse(ws, cfg, i);
-}
-
-// The same for a tile started by begin_rows (o~ row-major).
-template <class T, class Store>
-T finish_row_rows(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i, const Store& store) {
-  T scale = core::finalize_scale(ws.l[i]);
-  const T* o = ws.ot.get() + i * ws.d;
-  for (int64_t x = 0; x < ws.d; ++x) store(x, o[x] * scale);
+  const T* o = ws.ot.get() + (ws.row_major ? i * ws.d : i);
+  const int64_t step = ws.row_major ? 1 : ws.mpad;
+  for (int64_t x = 0; x < ws.d; ++x) store(x, o[x * step] * scale);
   return row_lse(ws, cfg, i);
 }
 

@@ -185,9 +185,10 @@ constexpr int64_t kWorkerElems = int64_t(256) << 10;
 // Whether a tile of `rows` rows runs the few-rows kernels (kernel_impl.h: the head dim in the vector
 // lanes, key rows read where they lie): where its rows would fill at most half of each vector of
 // the usual kernels, which keep rows in the lanes (4 rows, 32 query heads on 8 KV heads and one new
-// token, use 4 of AVX-512's 16). Measured on a 2-core VM in bench/results/cpu_decode_fewrows_2026-12-05.txt.
+// token, use 4 of AVX-512's 16). Measured on a 2-core VM:
+// bench/results/cpu_decode_fewrows_2026-12-05.txt.
 template <class T>
-bool rows_kernels(const TileKernels<T>& kern, int64_t rows) {
+bool uses_rows_kernels(const TileKernels<T>& kern, int64_t rows) {
   return rows * 2 <= kern.row_align;
 }
 
@@ -317,9 +318,8 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
         on_tiles = true;
       }
     }
-    // A tile of at most half a vector of rows takes the few-rows kernels (rows_kernels above).
-    const bool few = !on_tiles && rows_kernels(kern, r1 - r0);
-    if (few) {
+    // A tile of at most half a vector of rows: the few-rows kernels (uses_rows_kernels above).
+    if (!on_tiles && uses_rows_kernels(kern, r1 - r0)) {
       for (int64_t hk = hk0; hk < hk1; ++hk)
         begin_rows(*space.heads[size_t(hk - hk0)], kern, cfg, r1 - r0, q_rows(hk), token);
       // The cache's rows are read where they lie, 16-bit ones widened as the kernels load them.
@@ -348,17 +348,14 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
 
     for (int64_t hk = hk0; hk < hk1; ++hk) {
       const Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
-      auto finish = [&](int64_t i, const auto& store) {
-        return few ? finish_row_rows(ws, cfg, i, store) : finish_row(ws, cfg, i, store);
-      };
       for (int64_t i = 0; i < ws.rows; ++i) {
         if (splits > 1) {
           const int64_t at = part_at(b, hk, rt, split, i);
           T* o = part_o.data() + at * d;
-          part_lse[size_t(at)] = finish(i, [&](int64_t x, T val) { o[x] = val; });
+          part_lse[size_t(at)] = finish_row(ws, cfg, i, [&](int64_t x, T val) { o[x] = val; });
         } else {
           char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i));
-          T lse = finish(i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
+          T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
           if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(hk, i)), lse);
         }
       }
@@ -386,7 +383,7 @@ void decode(const core::DecodeParams& p) {
   const AmxKernels* amx = nullptr;
 #if defined(__x86_64__)
   if (p.dtype == DType::bf16 && p.head_dim % 32 == 0 && active_level() == KernelLevel::amx &&
-      !rows_kernels(kern, p.heads_q / p.heads_kv * p.seqlen_new))
+      !uses_rows_kernels(kern, p.heads_q / p.heads_kv * p.seqlen_new))
     amx = &amx_kernels();
 #endif
   attend<float>(c, kern, amx);

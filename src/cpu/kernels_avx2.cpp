@@ -88,15 +88,10 @@ struct Avx2 {
   // n is a multiple of 8 (a head dimension).
   static void widen(const void* src, DType t, float* dst, int64_t n) {
     auto* s = static_cast<const uint16_t*>(src);
-    if (t == DType::f16) {
-      for (int64_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-    } else {  // bf16 is the top half of an fp32
-      for (int64_t i = 0; i < n; i += 8) {
-        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-      }
-    }
+    if (t == DType::f16)
+      for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load_f16(s + i));
+    else
+      for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load_bf16(s + i));
   }
 };
 

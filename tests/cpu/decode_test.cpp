@@ -201,10 +201,10 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeCoverage, ::testing::Values(DType::f32, D
                          [](const auto& info) { return std::string(flashattn::dtype_name(info.param)); });
 
 // Tiles of at most half a vector of rows take the few-rows kernels (head dim in the lanes; decode.cpp's
-// rows_kernels): at every SIMD level this CPU has, 1, 4 and 8 rows (MHA, GQA 4, GQA 4 with two new
+// uses_rows_kernels): at every SIMD level this CPU has, 1, 4 and 8 rows (MHA, GQA 4, GQA 4 with two new
 // tokens), head dims with a tail past the last whole AVX-512 vector (40, 72), masks, softcap, key
-// counts around the 256-key tile, paged and contiguous caches, f32 (rows read in place) and 16-bit
-// caches (widened first). bf16 at the amx level runs the AMX kernels instead.
+// counts around the 256-key tile, paged and contiguous caches, and every cache dtype (16-bit rows
+// widened as they load; bf16 takes these kernels at the amx level too).
 TEST(Decode, FewRowsKernelsAtEverySimdLevel) {
   using flashattn::cpu::KernelLevel;
   for (KernelLevel level : {KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512, KernelLevel::amx}) {
