@@ -136,8 +136,8 @@ struct PortableBwdTile {
   // 1.06 / 1.04x (causal 1.00 / 1.05 / 1.07x), d=256 1.08 / 1.12 / 1.12x (causal 1.06 / 1.10 /
   // 1.12x); the deterministic mode, its warps adding in turns as before (call 4) 0.98-1.04x at d=64
   // and 128, 1.05-1.11x at d=256. Issued between dV and dK instead, as FlashAttention-2 orders
-  // them, 0.94-1.09x (call 3, B2), not kept. d=32 and 96 unmeasured. The sm80 build keeps dQ's rows: its reductions are
-  // scalar, and this layout spreads a warp's scalar ones 16 bytes apart.
+  // them, 0.94-1.09x (call 3, B2), not kept. d=32 and 96 unmeasured. The sm80 build keeps dQ's
+  // rows: its reductions are scalar, and this layout spreads a warp's scalar ones 16 bytes apart.
   bool fragment_dq = false;
   // P^T and dS^T stored by stmatrix (sm90), 16 x 16 at a time, instead of four 32-bit stores per
   // lane. H200, bench/ab_compare.py (bench/results/h200_portable_bwd_stmatrix_2026-12-03.txt, call

@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(128)
   const int64_t m0 = int64_t(blockIdx.x) * T::kBlockM;
   if (m0 >= sq) return;
   const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-  const float4* acc = reinterpret_cast<const float4*>(ws.dq_accum + F::block(p, ws.tiles_per_head, h, b, blockIdx.x));
+  const auto* acc = reinterpret_cast<const float4*>(ws.dq_accum + F::block(p, ws.tiles_per_head, h, b, blockIdx.x));
   for (int f = threadIdx.x; f < F::kBlockFloats / 4; f += 128) {
     int row, col;
     F::place(f, &row, &col);
@@ -495,16 +495,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         turn = seq_turns + int64_t(h) * ws.tiles_per_head + m_begin + step_m;
         if (lane == 0) turn_seen = ptx::thread_load_turn(turn);
       }
-      // Before the warp's additions (deterministic mode): wait for this key tile's turn.
-      auto wait_for_turn = [&] {
-        if constexpr (kDeterministic) {
-          if (lane == 0)
-            ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
-                                  turn_seen);
-          __syncwarp();
-          passing = turn;
-        }
-      };
       float acc_dq[T::kTilesQ][T::kColsQ / 8][4];
       // The row layout's first address (builds without fragment_dq), taken before the MMAs as in
       // the kernels measured (taken after them, ptxas had allocated a d=256 kernel differently).
@@ -532,10 +522,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
           }
         }
       }
+      // Before the warp's additions (deterministic mode): wait for this key tile's turn.
+      if constexpr (kDeterministic) {
+        if (lane == 0)
+          ptx::thread_wait_turn(turn, ordered_turn<T::kBlockM, T::kBlockN>(mask, n, m_begin + step_m, turns),
+                                turn_seen);
+        __syncwarp();
+        passing = turn;
+      }
       if constexpr (T::kFragmentDq) {
         // Every group of the tile, rows and columns past the problem's included: those hold zeros
         // (their Q rows and K columns were zero-filled) and land in the block's unread padding.
-        wait_for_turn();
         if (q_cols_valid > 0) {
           float* dst = ws.dq_accum + FragmentDq<T>::block(p, ws.tiles_per_head, h, b, m_begin + step_m) +
                        warp * FragmentDq<T>::kWarpFloats + 4 * lane;
@@ -544,11 +541,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #pragma unroll
             for (int j = 0; j < T::kColsQ / 8; ++j) {
               const float* v = acc_dq[i][j];
-              ptx::thread_red_add_f32x4(dst + 128 * (i * (T::kColsQ / 8) + j), make_float4(v[0], v[1], v[2], v[3]));
+              ptx::thread_red_add_f32x4(dst + 128 * (i * (T::kColsQ / 8) + j),
+                                        make_float4(v[0], v[1], v[2], v[3]));
             }
         }
       } else {
-        wait_for_turn();
         // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
         auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
         if constexpr (T::kHeadDim >= 128) {
