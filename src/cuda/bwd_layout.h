@@ -50,7 +50,8 @@ inline int64_t tiles_per_head(const core::AttnShape& p, int tile_m) {
 //     its lower ones, launched before them. bench/det_order_sim.py puts the makespan at 1.013 /
 //     1.032 / 1.067 / 1.085 of the even share at 16k / 8k / 4k / 2k (all `up`: 1.069 / 1.081 /
 //     1.086 / 1.088); measured, deterministic causal d=256, B/A 1.011 / 1.023 / 1.030 / 1.036 at 2k
-//     / 4k / 8k / 16k (bench/results/h200_hopper_bwd_det_last_pair_2026-12-02.txt).
+//     / 4k / 8k / 16k (bench/results/h200_hopper_bwd_det_last_pair_2026-12-02.txt). The portable
+//     kernel does the same (sm80/bwd_kernel.cuh gives its figures).
 //   * `around`, without a mask: each key tile starts at its diagonal, walks up and wraps round
 //     (core::around_turn), so in self-attention none ever waits. A key tile may wait for a higher
 //     one, launched after it: safe where a sequence's key tiles all fit on the GPU at once, since

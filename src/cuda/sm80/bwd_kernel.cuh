@@ -255,7 +255,16 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   // down, as on the Hopper path; else ascending. (Where all of a sequence's key tiles fit on the
   // GPU at once, ascending `up` launches, longest first, would be safe too: on the H200 descending
   // ran 1.00-1.13x their speed at d=64 and 256 and 0.98-1.00x at d=128,
-  // bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 2.)
+  // bench/results/h200_portable_bwd_det_turns_2026-12-02.txt, call 2.) With more than one (KV
+  // head, batch) pair, the grid's last pair walks `down` instead (as the Hopper d = 256 kernel
+  // does, bwd_layout.h): the launch then ends with that pair's shortest key tiles rather than its
+  // longest, and its key tiles wait only for its lower ones, launched before them. Deterministic
+  // causal, against every pair `up` (H100, bench/ab_compare.py, 2k / 4k / 8k / 16k;
+  // bench/results/h100_session41_2026-12-05.txt, call 1): d=64 1.01 / 1.01 / 1.02 / 1.03, d=128
+  // 1.00 / 1.02 / 1.02 / 1.04, d=256 1.01 / 1.04 / 1.06 / 1.06.
+  if (kDeterministic && turns == TurnOrder::up && gridDim.y * gridDim.z > 1 && blockIdx.y == gridDim.y - 1 &&
+      blockIdx.z == gridDim.z - 1)
+    turns = TurnOrder::down;
   const int64_t n = kDeterministic && turns == TurnOrder::up ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
   if (n >= n_blocks) return;
   const int64_t key0 = n * T::kBlockN;
