@@ -574,8 +574,11 @@ TEST_F(GpuBackward, DeterministicModeFinishesOnGridsLargerThanTheGpu) {
     bool causal;
     int64_t seqlen, heads;
   };
+  // Several heads under a causal mask: the portable grid's last (KV head) pair walks down after
+  // the others walked up (284 and 282 CTAs there, one per SM).
   const Shape shapes[] = {{128, false, 24000, 1}, {128, true, 24000, 1}, {256, true, 24000, 1},
-                          {64, false, 8400, 8},    {256, false, 5000, 2}};
+                          {64, false, 8400, 8},    {256, false, 5000, 2}, {128, true, 9000, 4},
+                          {256, true, 6000, 3}};
   for (const Shape& sh : shapes)
     on_both_paths("FLASHATTN_GPU_BACKWARD", [&](bool portable) {
       Case c;
