@@ -136,8 +136,10 @@ struct PortableBwdTile {
   // 1.06 / 1.04x (causal 1.00 / 1.05 / 1.07x), d=256 1.08 / 1.12 / 1.12x (causal 1.06 / 1.10 /
   // 1.12x); the deterministic mode, its warps adding in turns as before (call 4) 0.98-1.04x at d=64
   // and 128, 1.05-1.11x at d=256. Issued between dV and dK instead, as FlashAttention-2 orders
-  // them, 0.94-1.09x (call 3, B2), not kept. d=32 and 96 unmeasured. The sm80 build keeps dQ's
-  // rows: its reductions are scalar, and this layout spreads a warp's scalar ones 16 bytes apart.
+  // them, 0.94-1.09x (call 3, B2), not kept. d=32 and 96 unmeasured. sm80 has only scalar
+  // reductions: there each float4 is interleaved across four 32-float rows, so that a warp's scalar
+  // reduction covers one 128-byte line (FlashAttention-2's 4 sectors), 1.21-1.31x over dQ's rows in
+  // the sm80 entries for 160+ KB parts (below); the 99 KB entries keep dQ's rows (unmeasured there).
   bool fragment_dq = false;
   // P^T and dS^T stored by stmatrix (sm90), 16 x 16 at a time, instead of four 32-bit stores per
   // lane. H200, bench/ab_compare.py (bench/results/h200_portable_bwd_stmatrix_2026-12-03.txt, call
@@ -148,8 +150,12 @@ struct PortableBwdTile {
   bool stmatrix_ps = false;
 };
 
+// large_smem (sm80 builds only): the entry for a GPU that gives a block 160 KB or more of shared
+// memory (the A100's 163 KB, and Hopper running this build's PTX); the launcher takes it where the
+// device has room for it and falls back to the 99 KB entry elsewhere (sm86/89), as FlashAttention-2
+// picks its backward tiles by the device's shared memory.
 template <int kArch>
-constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
+constexpr PortableBwdTile portable_bwd_tile(int head_dim, bool large_smem = false) {
   if constexpr (kArch >= 90) {
     // d=32 and d=96 take 4/4/4 (measured within 3% of 4/4/2 at d=128): with 4 warps along the head
     // dim, dQ would give each warp 8 or 24 columns, not whole ldmatrix.x4 pairs (unmeasured there).
@@ -163,11 +169,28 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim) {
     // d=256 measured (d=192 alike, unmeasured); 64 + 128 + 16 = 208 KB, dK+dV 128 regs.
     return {64, 8, 2, 4, 2, 2, 1, 64, true, /*stmatrix_ps=*/true};
   } else {
+    // 160+ KB: the sm90 build's shapes for d <= 128 (128 keys per CTA on 8 warps, two Q/dO stages;
+    // 64, 128 and 160 KB), dQ in fragment order with each float4 interleaved for sm80's scalar
+    // reductions (sm80::FragmentDq). This build has no A100 to run on, so it was measured on an
+    // H100 running its compute_80 PTX, bf16, 16k tokens, hidden 2048, against main's 99 KB tiles
+    // with dQ in rows (bench/results/h100_session41_2026-12-05.txt, call 4; 2k / 8k): these
+    // shapes with dQ in rows 1.59 / 1.62 at d=64 (causal 1.46 / 1.57), 1.72 / 1.83 at d=128 (causal
+    // 1.57 / 1.76); the fragment order on top 1.27 / 1.31 (causal 1.21 / 1.29) and 1.26 / 1.30
+    // (causal 1.21 / 1.31). Beside FlashAttention-2's kernels in the same call: 1.03-1.21.
+    if (large_smem && head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1, 64, true};
+    if (large_smem && head_dim <= 64) return {128, 8, 2, 4, 4, 4, 1, 128, true};
+    if (large_smem && head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1, 64, true};
+    if (large_smem && head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1, 64, true};
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns
     // 16 keys in phases 1 and 2 and 16 query rows in phase 3 (unmeasured on sm8x).
     if (head_dim <= 96) return {64, 4, 2, 4, 4, 4, 1};
-    return head_dim <= 128 ? PortableBwdTile{64, 4, 1, 4, 4, 4, 1} : PortableBwdTile{64, 8, 1, 4, 4, 4, 1};
+    if (head_dim <= 128) return {64, 4, 1, 4, 4, 4, 1};
+    // d=192/256, 144 KB (so only on 160+ KB parts): the sm90 d=256 warp layout (4/2/2, about a
+    // tenth faster than 4/4/4 there) on one Q/dO stage, dQ in fragment order. Same H100 call: 4/2/2
+    // 1.05 / 1.05 (causal 1.04 / 1.06) against 4/4/4 with dQ in rows, the fragment order on top
+    // 1.62 / 1.70 (causal 1.56 / 1.69); 0.88-1.07 of FlashAttention-2.
+    return {64, 8, 1, 4, 2, 2, 1, 64, true};
   }
 }
 

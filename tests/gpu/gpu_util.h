@@ -23,6 +23,10 @@ namespace fa_test {
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);    \
   } while (0)
 
+// After a <<<>>> launch: a launch that failed (say, no image of the kernel for this GPU in the
+// build) reports only here, and left unread its error would surface at some later, unrelated check.
+#define FA_LAUNCH_OK() FA_CUDA_OK(cudaGetLastError())
+
 inline std::string no_gpu_reason() {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);

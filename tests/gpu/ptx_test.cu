@@ -99,11 +99,12 @@ __global__ void pack_unpack_kernel(const float* x, float* bf, float* hf) {
   hf[2 * lane + 1] = h.y;
 }
 
-// Vector reduction: 64 threads add (i, 2i) into one of 4 float pairs each; small integers, so the
-// sums are exact in any order.
+// Reductions: 64 threads add (i, 2i) into one of 4 float pairs each (vector) and 3i into one of 4
+// floats after them (scalar); small integers, so the sums are exact in any order.
 __global__ void red_add_kernel(float* pairs) {
   const int i = int(threadIdx.x);
   ptx::thread_red_add_f32x2(pairs + 2 * (i % 4), float(i), float(2 * i));
+  ptx::thread_red_add_f32(pairs + 8 + i % 4, float(3 * i));
 }
 
 // Bulk reduce-add (sm90): each of 4 threads stages a 16-float row in shared memory and adds it to
@@ -254,6 +255,7 @@ TEST_F(Ptx, CpAsyncCopiesAndZeroFills) {
   uint4* d_dst = nullptr;
   FA_CUDA_OK(cudaMalloc(&d_dst, 32 * 16));
   cp_async_kernel<<<1, 32>>>(d_src, d_dst, 19);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   auto dst = to_host(reinterpret_cast<uint32_t*>(d_dst), 32 * 4);
   for (int i = 0; i < 32; ++i)
@@ -267,6 +269,7 @@ TEST_F(Ptx, LdmatrixMatchesDocumentedLayout) {
   FA_CUDA_OK(cudaMalloc(&d_out, 32 * 8 * 2));
   for (bool trans : {false, true}) {
     ldmatrix_kernel<<<1, 32>>>(d_out, trans);
+    FA_LAUNCH_OK();
     FA_CUDA_OK(cudaDeviceSynchronize());
     auto got = to_host(d_out, 32 * 8);
     for (int lane = 0; lane < 32; ++lane)
@@ -290,6 +293,7 @@ TEST_F(Ptx, MmaBf16MatchesHostProduct) {
   float* dC = nullptr;
   FA_CUDA_OK(cudaMalloc(&dC, 16 * 8 * 4));
   mma_kernel<<<1, 32>>>(dA, dB, dC);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   auto C = to_host(dC, 16 * 8);
   for (int i = 0; i < 16; ++i)
@@ -311,6 +315,7 @@ TEST_F(Ptx, SpecialFunctionsAndQuadReductions) {
   float* d[4];
   for (auto& p : d) FA_CUDA_OK(cudaMalloc(&p, 32 * 4));
   special_kernel<<<1, 32>>>(dx, d[0], d[1], d[2], d[3]);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   auto e = to_host(d[0], 32), th = to_host(d[1], 32), mx = to_host(d[2], 32), sm = to_host(d[3], 32);
   for (int i = 0; i < 32; ++i) {
@@ -335,6 +340,7 @@ TEST_F(Ptx, QuadTransposeGivesEachLaneOneColumn) {
   uint32_t* d = nullptr;
   FA_CUDA_OK(cudaMalloc(&d, 128 * 4));
   quad_transpose_kernel<<<1, 32>>>(d);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   auto out = to_host(d, 128);
   for (int lane = 0; lane < 32; ++lane)
@@ -358,6 +364,7 @@ TEST_F(Ptx, PackThenUnpackRoundsToNearestEven) {
   FA_CUDA_OK(cudaMalloc(&dbf, 64 * 4));
   FA_CUDA_OK(cudaMalloc(&dhf, 64 * 4));
   pack_unpack_kernel<<<1, 32>>>(dx, dbf, dhf);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   auto bf = to_host(dbf, 64), hf = to_host(dhf, 64);
   for (int i = 0; i < 64; ++i) {
@@ -371,17 +378,19 @@ TEST_F(Ptx, PackThenUnpackRoundsToNearestEven) {
   cudaFree(dhf);
 }
 
-TEST_F(Ptx, RedAddF32x2SumsEveryThread) {
-  std::vector<float> base = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f};
+TEST_F(Ptx, RedAddF32AndF32x2SumEveryThread) {
+  std::vector<float> base = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f};
   float* d = to_device(base);
   red_add_kernel<<<1, 64>>>(d);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
-  auto got = to_host(d, 8);
+  auto got = to_host(d, 12);
   for (int pair = 0; pair < 4; ++pair) {
     float sum = 0.f;
     for (int i = pair; i < 64; i += 4) sum += float(i);
     EXPECT_EQ(got[2 * pair], base[2 * pair] + sum) << pair;
     EXPECT_EQ(got[2 * pair + 1], base[2 * pair + 1] + 2.f * sum) << pair;
+    EXPECT_EQ(got[8 + pair], base[8 + pair] + 3.f * sum) << "scalar " << pair;
   }
   cudaFree(d);
 }
@@ -394,6 +403,7 @@ void run_stmatrix_kernel(bool trans, std::vector<uint16_t>& got) {
   FA_CUDA_OK(cudaMalloc(&d_out, 256 * 2));
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   stmatrix_kernel<<<1, 32>>>(d_out, ran, trans);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   got.clear();
   if (to_host(ran, 1)[0]) got = to_host(d_out, 256);
@@ -421,6 +431,7 @@ TEST_F(Ptx, NamedBarriersSyncPairsOfWarps) {
   FA_CUDA_OK(cudaMalloc(&out, 8));
   FA_CUDA_OK(cudaMemset(out, 0, 8));
   named_barrier_pairs_kernel<<<1, 128>>>(out);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<int> got = to_host(out, 2);
   EXPECT_EQ(got[0], 7);
@@ -434,6 +445,7 @@ TEST_F(Ptx, PredicatedNamedBarriersOnHopper) {
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   FA_CUDA_OK(cudaMemset(out, 0, 4));
   named_barrier_if_kernel<<<1, 64>>>(out, ran);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   if (!to_host(ran, 1)[0]) GTEST_SKIP() << "named barrier wrappers need sm90";
   EXPECT_EQ(to_host(out, 1)[0], 42);
@@ -448,6 +460,7 @@ TEST_F(Ptx, BulkReduceAddsRowsOnHopper) {
   int* ran = nullptr;
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   bulk_reduce_kernel<<<1, 4>>>(d, ran);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   int did = to_host(ran, 1)[0];
   if (!did) GTEST_SKIP() << "bulk reduce needs sm90";
@@ -464,6 +477,7 @@ TEST_F(Ptx, VectorReductionsAddOnHopper) {
   int* ran = nullptr;
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   red_add_kernel<<<4, 64>>>(d, ran);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   if (!to_host(ran, 1)[0]) GTEST_SKIP() << "vector reductions need sm90";
   auto got = to_host(d, 32);
@@ -489,6 +503,7 @@ TEST_F(Ptx, TurnsPassInOrder) {
     FA_CUDA_OK(cudaMemset(turn, 0, 4));
     FA_CUDA_OK(cudaMemset(log, 0xff, 8 * 4));
     turn_kernel<<<8, 1>>>(turn, log, ran, bulk);
+    FA_LAUNCH_OK();
     FA_CUDA_OK(cudaDeviceSynchronize());
     if (to_host(ran, 1)[0]) {
       EXPECT_EQ(to_host(turn, 1)[0], 8);

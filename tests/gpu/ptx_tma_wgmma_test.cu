@@ -226,6 +226,7 @@ TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   FA_CUDA_OK(cudaMemset(ran, 0, 4));
   wgmma_kernel<<<1, 128>>>(maps, dS, dO, ran);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   if (!to_host(ran, 1)[0]) GTEST_SKIP() << "this build has no sm_90a code";
   auto S = to_host(dS, 64 * 64), O = to_host(dO, 64 * 128);
@@ -269,6 +270,7 @@ TEST_F(Ptx, WgmmaTransposedAAndBulkLoadOnHopper) {
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   FA_CUDA_OK(cudaMemset(ran, 0, 4));
   wgmma_trans_a_kernel<<<1, 128>>>(maps, dv, dc, dvo, ran);
+  FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   if (!to_host(ran, 1)[0]) GTEST_SKIP() << "this build has no sm_90a code";
   auto C = to_host(dc, 64 * 128);

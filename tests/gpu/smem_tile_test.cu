@@ -3,6 +3,7 @@
 // compile), so it runs without a GPU too.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "cuda/sm80/bwd_kernel.cuh"
@@ -36,43 +37,59 @@ TEST(SmemTile, LaneRowsMatchTheSwizzle) {
   expect_lane_rows_match_swizzle<32>();  // d = 256
 }
 
-// FragmentDq (the portable backward's dQ accumulator in fragment order) for each sm90 table entry:
-// the float4 a thread adds for (m16 tile i, n8 tile j) is the one place() puts at that thread's
-// fragment (rows 16 i + g and + 8, columns 8 j + 2t and + 1 of its warp's part), a warp's 32 lanes
-// add 32 consecutive float4s, and the block's float4s cover every element of the kBlockM x kHeadDim
-// tile exactly once.
-template <int kHeadDim>
+// FragmentDq (the portable backward's dQ accumulator in fragment order) for each table entry that
+// uses it (sm90; sm80's entries for 160+ KB parts, whose scalar reductions interleave each float4):
+// the floats a thread adds for (m16 tile i, n8 tile j) are those the convert kernel reads as the
+// float4 place() puts at that thread's fragment (rows 16 i + g and + 8, columns 8 j + 2t and + 1 of
+// its warp's part), a warp's 32 lanes add 32 consecutive float4s (sm90) or 32 consecutive floats
+// per reduction (sm80), and the block's floats cover every element of the kBlockM x kHeadDim tile
+// exactly once.
+template <int kArch, int kHeadDim>
 void expect_fragment_dq_covers_the_tile() {
   namespace cu = flashattn::cuda;
-  constexpr cu::PortableBwdTile tile = cu::portable_bwd_tile<90>(kHeadDim);
+  constexpr cu::PortableBwdTile tile = cu::portable_bwd_tile<kArch>(kHeadDim, /*large_smem=*/true);
   using T = cu::sm80::BwdTraits<kHeadDim, __nv_bfloat16, tile.block_n, tile.warps, tile.stages, tile.key_warps_s,
                                 tile.key_warps_kv, tile.row_warps_q, tile.min_ctas, tile.block_m, tile.fragment_dq,
                                 tile.stmatrix_ps>;
   using F = cu::sm80::FragmentDq<T>;
-  ASSERT_TRUE(T::kFragmentDq) << "d = " << kHeadDim;
-  std::vector<int> seen(T::kBlockM * T::kHeadDim, 0);
+  constexpr bool kScalar = kArch < 90;
+  SCOPED_TRACE("sm" + std::to_string(kArch) + " d = " + std::to_string(kHeadDim));
+  ASSERT_TRUE(T::kFragmentDq);
+  std::vector<int> element(T::kBlockM * T::kHeadDim, 0), added(F::kBlockFloats, 0);
   for (int warp = 0; warp < T::kWarps; ++warp)
     for (int lane = 0; lane < 32; ++lane)
       for (int i = 0; i < T::kTilesQ; ++i)
         for (int j = 0; j < T::kColsQ / 8; ++j) {
-          // The kernel's address of this group (bwd_kernel.cuh, phase 3), in float4s.
-          const int f = (warp * F::kWarpFloats + 4 * lane + 128 * (i * (T::kColsQ / 8) + j)) / 4;
+          // The kernel's addresses of this group's four floats (bwd_kernel.cuh, phase 3).
+          const int group = warp * F::kWarpFloats + 128 * (i * (T::kColsQ / 8) + j);
+          for (int e = 0; e < 4; ++e) ++added[kScalar ? group + 32 * e + lane : group + 4 * lane + e];
+          // The float4 the convert kernel reads them as, and where it writes it.
+          const int f = group / 4 + lane;
+          ASSERT_EQ(kScalar ? 4 * f - 3 * (f % 32) : 4 * f, kScalar ? group + lane : group + 4 * lane);
           int row, col;
           F::place(f, &row, &col);
-          ASSERT_EQ(row, T::kRowsQ * (warp % T::kRowWarpsQ) + 16 * i + lane / 4) << "d " << kHeadDim << " f " << f;
-          ASSERT_EQ(col, T::kColsQ * (warp / T::kRowWarpsQ) + 8 * j + 2 * (lane % 4)) << "d " << kHeadDim << " f " << f;
+          ASSERT_EQ(row, T::kRowsQ * (warp % T::kRowWarpsQ) + 16 * i + lane / 4) << "f " << f;
+          ASSERT_EQ(col, T::kColsQ * (warp / T::kRowWarpsQ) + 8 * j + 2 * (lane % 4)) << "f " << f;
           for (int rr = 0; rr < 2; ++rr)
-            for (int c = 0; c < 2; ++c) ++seen[(row + 8 * rr) * T::kHeadDim + col + c];
+            for (int c = 0; c < 2; ++c) ++element[(row + 8 * rr) * T::kHeadDim + col + c];
         }
-  for (int n : seen) ASSERT_EQ(n, 1) << "d = " << kHeadDim;
+  for (int n : element) ASSERT_EQ(n, 1);
+  for (int n : added) ASSERT_EQ(n, 1);
 }
 
 TEST(SmemTile, FragmentDqCoversTheTileOnce) {
-  expect_fragment_dq_covers_the_tile<32>();
-  expect_fragment_dq_covers_the_tile<64>();
-  expect_fragment_dq_covers_the_tile<96>();
-  expect_fragment_dq_covers_the_tile<128>();
-  expect_fragment_dq_covers_the_tile<256>();
+  expect_fragment_dq_covers_the_tile<90, 32>();
+  expect_fragment_dq_covers_the_tile<90, 64>();
+  expect_fragment_dq_covers_the_tile<90, 96>();
+  expect_fragment_dq_covers_the_tile<90, 128>();
+  expect_fragment_dq_covers_the_tile<90, 192>();
+  expect_fragment_dq_covers_the_tile<90, 256>();
+  expect_fragment_dq_covers_the_tile<80, 32>();
+  expect_fragment_dq_covers_the_tile<80, 64>();
+  expect_fragment_dq_covers_the_tile<80, 96>();
+  expect_fragment_dq_covers_the_tile<80, 128>();
+  expect_fragment_dq_covers_the_tile<80, 192>();
+  expect_fragment_dq_covers_the_tile<80, 256>();
 }
 
 }  // namespace

@@ -109,6 +109,11 @@ struct Mma<__half> {
 
 // ---- reductions into global memory ----------------------------------------------------------
 
+// a[0] += x as a relaxed device-scope atomic whose result is not read (a reduction: no reply).
+__device__ __forceinline__ void thread_red_add_f32(float* a, float x) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(a), "f"(x) : "memory");
+}
+
 // a[0] += x and a[1] += y as relaxed device-scope atomics (no order among threads). On sm90+ one
 // vector reduction (red.global.add.v2.f32, PTX ISA 8.1), half the L2 operations of two scalar
 // ones; elsewhere two atomicAdd. `a` must be 8-byte aligned.

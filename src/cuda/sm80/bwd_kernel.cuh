@@ -89,7 +89,10 @@ struct BwdTraits {
 // sequences never share a block. Within a block, warp w's kRowsQ x kColsQ part is contiguous, and
 // its accumulators go out as float4 groups: group k = (m16 tile i, n8 tile j) of lane l at float
 // 4 (32 k + l), holding rows g and g + 8 (g = l / 4) by columns 2t, 2t + 1 (t = l % 4) of that
-// tile. A warp's reduction of one group covers 512 contiguous bytes.
+// tile. A warp's reduction of one group covers 512 contiguous bytes. Builds without vector
+// reductions (sm80) add a group as four scalar ones, so there element e of the float4 sits at float
+// 128 k + 32 e + l instead: each of a warp's scalar reductions then covers 128 contiguous bytes, a
+// whole line, as FlashAttention-2's do (its rows and columns as above).
 template <class T>
 struct FragmentDq {
   static constexpr int kWarpFloats = T::kRowsQ * T::kColsQ;
@@ -148,12 +151,19 @@ __global__ void __launch_bounds__(128)
   const int64_t m0 = int64_t(blockIdx.x) * T::kBlockM;
   if (m0 >= sq) return;
   const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
-  const auto* acc = reinterpret_cast<const float4*>(ws.dq_accum + F::block(p, ws.tiles_per_head, h, b, blockIdx.x));
+  const float* acc = ws.dq_accum + F::block(p, ws.tiles_per_head, h, b, blockIdx.x);
   for (int f = threadIdx.x; f < F::kBlockFloats / 4; f += 128) {
     int row, col;
     F::place(f, &row, &col);
     if (col >= p.head_dim) continue;
-    const float4 v = acc[f];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const float4 v = reinterpret_cast<const float4*>(acc)[f];
+#else
+    // Float4 f = 32 k + l of its warp's part (whose size is a multiple of 128 floats) starts at
+    // float 128 k + l of that part: 4 f - 3 l.
+    const float* a = acc + 4 * f - 3 * (f % 32);
+    const float4 v = make_float4(a[0], a[32], a[64], a[96]);
+#endif
     if (row < rows) {
       E* dq = static_cast<E*>(p.dq) + p.dq_s.offset(b, q0 + m0 + row, h) + col;
       *reinterpret_cast<uint32_t*>(dq) = ptx::thread_pack2<E>(v.x * p.scale, v.y * p.scale);
@@ -544,14 +554,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         // (their Q rows and K columns were zero-filled) and land in the block's unread padding.
         if (q_cols_valid > 0) {
           float* dst = ws.dq_accum + FragmentDq<T>::block(p, ws.tiles_per_head, h, b, m_begin + step_m) +
-                       warp * FragmentDq<T>::kWarpFloats + 4 * lane;
+                       warp * FragmentDq<T>::kWarpFloats;
 #pragma unroll
           for (int i = 0; i < T::kTilesQ; ++i)
 #pragma unroll
             for (int j = 0; j < T::kColsQ / 8; ++j) {
               const float* v = acc_dq[i][j];
-              ptx::thread_red_add_f32x4(dst + 128 * (i * (T::kColsQ / 8) + j),
-                                        make_float4(v[0], v[1], v[2], v[3]));
+              float* group = dst + 128 * (i * (T::kColsQ / 8) + j);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              ptx::thread_red_add_f32x4(group + 4 * lane, make_float4(v[0], v[1], v[2], v[3]));
+#else
+#pragma unroll
+              for (int e = 0; e < 4; ++e) ptx::thread_red_add_f32(group + 32 * e + lane, v[e]);
+#endif
             }
         }
       } else {

@@ -84,12 +84,26 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   check_launch("flashattn backward dq conversion kernel");
 }
 
+// The kernel shape of the tile table's entry (portable_bwd_tile).
+template <int kHeadDim, class Element, int kArch, bool kLargeSmem>
+struct PortableBwdShape {
+  static constexpr PortableBwdTile tile = portable_bwd_tile<kArch>(kHeadDim, kLargeSmem);
+  using Traits = sm80::BwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.stages, tile.key_warps_s,
+                                 tile.key_warps_kv, tile.row_warps_q, tile.min_ctas, tile.block_m, tile.fragment_dq,
+                                 tile.stmatrix_ps>;
+};
+
 template <int kHeadDim, class Element, int kArch>
 void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
-  constexpr PortableBwdTile tile = portable_bwd_tile<kArch>(kHeadDim);
-  launch_backward_portable<sm80::BwdTraits<kHeadDim, Element, tile.block_n, tile.warps, tile.stages, tile.key_warps_s,
-                                           tile.key_warps_kv, tile.row_warps_q, tile.min_ctas, tile.block_m,
-                                           tile.fragment_dq, tile.stmatrix_ps>>(p, stream);
+  using Small = typename PortableBwdShape<kHeadDim, Element, kArch, false>::Traits;
+  if constexpr (kArch < 90) {
+    // sm80 builds: the large entry where this GPU gives a block the shared memory it needs.
+    using Large = typename PortableBwdShape<kHeadDim, Element, kArch, true>::Traits;
+    if constexpr (!std::is_same_v<Large, Small>)
+      if (current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= Large::kSmemBytes)
+        return launch_backward_portable<Large>(p, stream);
+  }
+  launch_backward_portable<Small>(p, stream);
 }
 
 }  // namespace flashattn::cuda
