@@ -47,17 +47,20 @@ constexpr int64_t kChunk = 16;  // products summed in registers before joining t
 // element (r, x) at a[x * lda + r]; a broadcast costs the same from either address, so P^T and dS^T
 // need no transposed copy). Each step loads NV vectors of a B row and broadcasts one op(A) value
 // per row into kMR x NV vector accumulators.
-// The sum is blocked: kChunk products at a time, each chunk then added to a second set of
-// registers. A float dot product of 64 terms then carries about half the rounding error of a
-// plain running sum, which matters because a score error becomes a relative error of P. C may be
-// wider than T (the double gradient accumulators); it is read and written once.
-template <bool TransA, class T, int W, int NV, class C>
+// kBlocked (the score products S and dP, written fresh): the sum is blocked, kChunk products at a
+// time, each chunk then added to C's running total in the tile (in L1, so the registers hold only
+// one chunk's sums and the block can be twice as wide). A float dot product of 64 terms then
+// carries about half the rounding error of a plain running sum, which matters because a score
+// error becomes a relative error of P. Otherwise (the gradient products) one running sum per output,
+// added once to C: there C is the double accumulator that takes each tile's sum.
+template <bool TransA, bool kBlocked, class T, int W, int NV, class C>
 inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, int64_t ldc, int64_t k,
                        bool accumulate) {
   using reg = typename Simd<T, W>::reg;
-  reg total[kMR][NV], acc[kMR][NV];
-  for (int64_t x0 = 0; x0 < k; x0 += kChunk) {
-    const int64_t x1 = x0 + kChunk < k ? x0 + kChunk : k;
+  static_assert(!kBlocked || std::is_same_v<C, T>, "blocked sums run in the tile's own type");
+  for (int64_t x0 = 0; x0 < k; x0 += kBlocked ? kChunk : k) {
+    const int64_t x1 = kBlocked && x0 + kChunk < k ? x0 + kChunk : k;
+    reg acc[kMR][NV];
     for (int r = 0; r < kMR; ++r)
       for (int v = 0; v < NV; ++v) acc[r][v] = reg{};
     for (int64_t x = x0; x < x1; ++x) {
@@ -68,35 +71,41 @@ inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, i
         for (int v = 0; v < NV; ++v) acc[r][v] += ar * bx[v];
       }
     }
+    const bool add = accumulate || x0 > 0;
     for (int r = 0; r < kMR; ++r)
-      for (int v = 0; v < NV; ++v) total[r][v] = x0 == 0 ? acc[r][v] : total[r][v] + acc[r][v];
-  }
-  for (int r = 0; r < kMR; ++r)
-    for (int v = 0; v < NV; ++v) {
-      C* cv = c + r * ldc + v * W;
-      if constexpr (std::is_same_v<C, T>) {
-        store<T, W>(cv, accumulate ? load<T, W>(cv) + total[r][v] : total[r][v]);
-      } else {  // widened in registers; memcpy rather than load/store keeps wide vectors out of calls
-        typename Simd<C, W>::reg t = __builtin_convertvector(total[r][v], typename Simd<C, W>::reg), old;
-        if (accumulate) {
-          std::memcpy(&old, cv, sizeof(old));
-          t += old;
+      for (int v = 0; v < NV; ++v) {
+        C* cv = c + r * ldc + v * W;
+        if constexpr (std::is_same_v<C, T>) {
+          store<T, W>(cv, add ? load<T, W>(cv) + acc[r][v] : acc[r][v]);
+        } else {  // widened in registers; memcpy rather than load/store keeps wide vectors out of calls
+          typename Simd<C, W>::reg t = __builtin_convertvector(acc[r][v], typename Simd<C, W>::reg), old;
+          if (add) {
+            std::memcpy(&old, cv, sizeof(old));
+            t += old;
+          }
+          std::memcpy(cv, &t, sizeof(t));
         }
-        std::memcpy(cv, &t, sizeof(t));
       }
-    }
+  }
 }
 
 // C[m][n] (+)= op(A)[m][k] B[k][n], all dense row-major (A is [k][m] when TransA); m a multiple of
-// kMR, n of W.
+// kMR, n of W. The score products (written fresh into a tile of T) sum in blocks, the gradient
+// products (added into double) plainly (gemm_block).
 template <bool TransA, class T, int W, int NV, class C>
 void gemm(const T* a, const T* b, C* c, int64_t m, int64_t n, int64_t k, bool accumulate) {
   const int64_t lda = TransA ? m : k;
+  auto block = [&](auto nv, const T* ai, int64_t j, C* cij) {
+    constexpr int kNV = decltype(nv)::value;
+    if constexpr (std::is_same_v<C, T>)
+      if (!accumulate) return gemm_block<TransA, true, T, W, kNV>(ai, lda, b + j, n, cij, n, k, false);
+    gemm_block<TransA, false, T, W, kNV>(ai, lda, b + j, n, cij, n, k, accumulate);
+  };
   for (int64_t i = 0; i < m; i += kMR) {
     const T* ai = TransA ? a + i : a + i * k;
     int64_t j = 0;
-    for (; j + NV * W <= n; j += NV * W) gemm_block<TransA, T, W, NV>(ai, lda, b + j, n, c + i * n + j, n, k, accumulate);
-    for (; j < n; j += W) gemm_block<TransA, T, W, 1>(ai, lda, b + j, n, c + i * n + j, n, k, accumulate);
+    for (; j + NV * W <= n; j += NV * W) block(std::integral_constant<int, NV>{}, ai, j, c + i * n + j);
+    for (; j < n; j += W) block(std::integral_constant<int, 1>{}, ai, j, c + i * n + j);
   }
 }
 
