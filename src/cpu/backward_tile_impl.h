@@ -15,7 +15,6 @@
 namespace flashattn::cpu::bwd {
 namespace {
 
-constexpr int kMR = 4;  // rows of C per register block
 
 // A vector of W lanes of T (GCC/Clang vector extension): the including file's ISA flags decide
 // which registers it maps to, so one kernel source serves every level.
@@ -53,7 +52,7 @@ constexpr int64_t kChunk = 16;  // products summed in registers before joining t
 // carries about half the rounding error of a plain running sum, which matters because a score
 // error becomes a relative error of P. Otherwise (the gradient products) one running sum per output,
 // added once to C: there C is the double accumulator that takes each tile's sum.
-template <bool TransA, bool kBlocked, class T, int W, int NV, class C>
+template <bool TransA, bool kBlocked, class T, int W, int NV, int kMR, class C>
 inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, int64_t ldc, int64_t k,
                        bool accumulate) {
   using reg = typename Simd<T, W>::reg;
@@ -90,23 +89,28 @@ inline void gemm_block(const T* a, int64_t lda, const T* b, int64_t ldb, C* c, i
 }
 
 // C[m][n] (+)= op(A)[m][k] B[k][n], all dense row-major (A is [k][m] when TransA); m a multiple of
-// kMR, n of W. The score products (written fresh into a tile of T) sum in blocks, the gradient
-// products (added into double) plainly (gemm_block).
-template <bool TransA, class T, int W, int NV, class C>
+// 2, n of W; blocks of MR rows, then of 4 and 2 for what is left. The score products (written fresh
+// into a tile of T) sum in blocks, the gradient products (added into double) plainly (gemm_block).
+template <bool TransA, class T, int W, int NV, int MR, class C>
 void gemm(const T* a, const T* b, C* c, int64_t m, int64_t n, int64_t k, bool accumulate) {
   const int64_t lda = TransA ? m : k;
-  auto block = [&](auto nv, const T* ai, int64_t j, C* cij) {
-    constexpr int kNV = decltype(nv)::value;
+  auto block = [&](auto rows, auto nv, const T* ai, int64_t j, C* cij) {
+    constexpr int kRows = decltype(rows)::value, kNV = decltype(nv)::value;
     if constexpr (std::is_same_v<C, T>)
-      if (!accumulate) return gemm_block<TransA, true, T, W, kNV>(ai, lda, b + j, n, cij, n, k, false);
-    gemm_block<TransA, false, T, W, kNV>(ai, lda, b + j, n, cij, n, k, accumulate);
+      if (!accumulate) return gemm_block<TransA, true, T, W, kNV, kRows>(ai, lda, b + j, n, cij, n, k, false);
+    gemm_block<TransA, false, T, W, kNV, kRows>(ai, lda, b + j, n, cij, n, k, accumulate);
   };
-  for (int64_t i = 0; i < m; i += kMR) {
+  auto row_block = [&](auto rows, int64_t i) {
     const T* ai = TransA ? a + i : a + i * k;
     int64_t j = 0;
-    for (; j + NV * W <= n; j += NV * W) block(std::integral_constant<int, NV>{}, ai, j, c + i * n + j);
-    for (; j < n; j += W) block(std::integral_constant<int, 1>{}, ai, j, c + i * n + j);
-  }
+    for (; j + NV * W <= n; j += NV * W) block(rows, std::integral_constant<int, NV>{}, ai, j, c + i * n + j);
+    for (; j < n; j += W) block(rows, std::integral_constant<int, 1>{}, ai, j, c + i * n + j);
+  };
+  int64_t i = 0;
+  for (; i + MR <= m; i += MR) row_block(std::integral_constant<int, MR>{}, i);
+  if constexpr (MR > 4)
+    for (; i + 4 <= m; i += 4) row_block(std::integral_constant<int, 4>{}, i);
+  for (; i < m; i += 2) row_block(std::integral_constant<int, 2>{}, i);
 }
 
 // 2^x for W floats without a library call, so a score row goes through vector instructions:
@@ -220,41 +224,42 @@ void score_grad(const TileStep<T, G>& st) {
 
 // The key tile's view: S = Q K^T, dP = dO V^T in [bm][bn], so that the key-side products
 // dV += P^T dO and dK += dS^T Q read P and dS transposed in place.
-template <class T, int W, int NV>
+template <class T, int W, int NV, int MR>
 void dkdv_step(const TileStep<T>& st) {
-  gemm<false, T, W, NV>(st.q, st.kt, st.p, st.bm, st.bn, st.d, false);  // S = Q K^T
+  gemm<false, T, W, NV, MR>(st.q, st.kt, st.p, st.bm, st.bn, st.d, false);  // S = Q K^T
   probabilities<false, T, W>(st);
-  gemm<true, T, W, NV>(st.p, st.dout, st.dv, st.bn, st.d, st.bm, true);  // dV += P^T dO
-  gemm<false, T, W, NV>(st.dout, st.vt, st.dp, st.bm, st.bn, st.d, false);  // dP = dO V^T
+  gemm<true, T, W, NV, MR>(st.p, st.dout, st.dv, st.bn, st.d, st.bm, true);  // dV += P^T dO
+  gemm<false, T, W, NV, MR>(st.dout, st.vt, st.dp, st.bm, st.bn, st.d, false);  // dP = dO V^T
   score_grad<false, T>(st);
-  gemm<true, T, W, NV>(st.p, st.q, st.dk, st.bn, st.d, st.bm, true);  // dK += dS^T Q
+  gemm<true, T, W, NV, MR>(st.p, st.q, st.dk, st.bn, st.d, st.bm, true);  // dK += dS^T Q
 }
 
 // The query tile's view: S^T = K Q^T, dP^T = V dO^T in [bn][bm], so that the key and value tiles
 // it streams are plain row copies and dQ += dS K reads dS^T transposed in place.
-template <class T, int W, int NV>
+template <class T, int W, int NV, int MR>
 void dq_step(const TileStep<T>& st) {
-  gemm<false, T, W, NV>(st.k, st.qt, st.p, st.bn, st.bm, st.d, false);  // S^T = K Q^T
+  gemm<false, T, W, NV, MR>(st.k, st.qt, st.p, st.bn, st.bm, st.d, false);  // S^T = K Q^T
   probabilities<true, T, W>(st);
-  gemm<false, T, W, NV>(st.v, st.dot, st.dp, st.bn, st.bm, st.d, false);  // dP^T = V dO^T
+  gemm<false, T, W, NV, MR>(st.v, st.dot, st.dp, st.bn, st.bm, st.d, false);  // dP^T = V dO^T
   score_grad<true, T>(st);
-  gemm<true, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+  gemm<true, T, W, NV, MR>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
 // Both sides of a pair at once, for a task that owns dQ of every query row of its KV head group:
 // the key tile's view (dkdv_step), then dQ += dS K from the same dS, K row-major in st.k. The same
 // products in the same order as dq_step's, so the gradients are bitwise those of the two passes.
-template <class T, int W, int NV>
+template <class T, int W, int NV, int MR>
 void fused_step(const TileStep<T>& st) {
-  dkdv_step<T, W, NV>(st);
-  gemm<false, T, W, NV>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
+  dkdv_step<T, W, NV, MR>(st);
+  gemm<false, T, W, NV, MR>(st.p, st.k, st.dq, st.bm, st.d, st.bn, true);  // dQ += dS K
 }
 
-// W lanes per vector and NV vectors per register-block row: kMR * NV accumulators plus NV loads
-// and a broadcast must fit the ISA's registers.
-template <class T, int W, int NV>
+// W lanes per vector, NV vectors per register-block row and MR rows per block: MR * NV accumulators
+// plus NV loads and a broadcast must fit the ISA's registers (6 x 4 zmm on AVX-512 ran 1.04-1.15x
+// 4 x 4, bench/results/cpu_backward_intel_2026-12-05.txt).
+template <class T, int W, int NV, int MR = 4>
 TileOps<T> make_ops() {
-  return TileOps<T>{&dkdv_step<T, W, NV>, &dq_step<T, W, NV>, &fused_step<T, W, NV>};
+  return TileOps<T>{&dkdv_step<T, W, NV, MR>, &dq_step<T, W, NV, MR>, &fused_step<T, W, NV, MR>};
 }
 
 }  // namespace
