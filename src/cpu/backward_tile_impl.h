@@ -15,7 +15,6 @@
 namespace flashattn::cpu::bwd {
 namespace {
 
-
 // A vector of W lanes of T (GCC/Clang vector extension): the including file's ISA flags decide
 // which registers it maps to, so one kernel source serves every level.
 template <class T, int W>
@@ -48,7 +47,7 @@ constexpr int64_t kChunk = 16;  // products summed in registers before joining t
 // per row into kMR x NV vector accumulators.
 // kBlocked (the score products S and dP, written fresh): the sum is blocked, kChunk products at a
 // time, each chunk then added to C's running total in the tile (in L1, so the registers hold only
-// one chunk's sums and the block can be twice as wide). A float dot product of 64 terms then
+// one chunk's sums and the block can be larger). A float dot product of 64 terms then
 // carries about half the rounding error of a plain running sum, which matters because a score
 // error becomes a relative error of P. Otherwise (the gradient products) one running sum per output,
 // added once to C: there C is the double accumulator that takes each tile's sum.
