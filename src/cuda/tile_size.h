@@ -177,10 +177,11 @@ constexpr PortableBwdTile portable_bwd_tile(int head_dim, bool large_smem = fals
     // shapes with dQ in rows 1.59 / 1.62 at d=64 (causal 1.46 / 1.57), 1.72 / 1.83 at d=128 (causal
     // 1.57 / 1.76); the fragment order on top 1.27 / 1.31 (causal 1.21 / 1.29) and 1.26 / 1.30
     // (causal 1.21 / 1.31). Beside FlashAttention-2's kernels in the same call: 1.03-1.21.
-    if (large_smem && head_dim <= 32) return {128, 8, 2, 4, 4, 4, 1, 64, true};
-    if (large_smem && head_dim <= 64) return {128, 8, 2, 4, 4, 4, 1, 128, true};
-    if (large_smem && head_dim <= 96) return {128, 8, 2, 4, 4, 4, 1, 64, true};
-    if (large_smem && head_dim <= 128) return {128, 8, 2, 4, 4, 2, 1, 64, true};
+    if (large_smem && head_dim <= 128) {
+      PortableBwdTile t = portable_bwd_tile<90>(head_dim);
+      t.stmatrix_ps = false;  // stmatrix is sm90's
+      return t;
+    }
     // 99 KB on sm86/89: d <= 96 double-buffers, d=128 single-buffers (80 KB); d > 128 needs an
     // sm80/sm90-class 160+ KB part (the launcher reports unsupported elsewhere). Every warp owns
     // 16 keys in phases 1 and 2 and 16 query rows in phase 3 (unmeasured on sm8x).

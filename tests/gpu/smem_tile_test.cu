@@ -77,19 +77,14 @@ void expect_fragment_dq_covers_the_tile() {
   for (int n : added) ASSERT_EQ(n, 1);
 }
 
+template <int kArch, int... kHeadDims>
+void expect_fragment_dq_covers_every_tile() {
+  (expect_fragment_dq_covers_the_tile<kArch, kHeadDims>(), ...);
+}
+
 TEST(SmemTile, FragmentDqCoversTheTileOnce) {
-  expect_fragment_dq_covers_the_tile<90, 32>();
-  expect_fragment_dq_covers_the_tile<90, 64>();
-  expect_fragment_dq_covers_the_tile<90, 96>();
-  expect_fragment_dq_covers_the_tile<90, 128>();
-  expect_fragment_dq_covers_the_tile<90, 192>();
-  expect_fragment_dq_covers_the_tile<90, 256>();
-  expect_fragment_dq_covers_the_tile<80, 32>();
-  expect_fragment_dq_covers_the_tile<80, 64>();
-  expect_fragment_dq_covers_the_tile<80, 96>();
-  expect_fragment_dq_covers_the_tile<80, 128>();
-  expect_fragment_dq_covers_the_tile<80, 192>();
-  expect_fragment_dq_covers_the_tile<80, 256>();
+  expect_fragment_dq_covers_every_tile<90, 32, 64, 96, 128, 192, 256>();
+  expect_fragment_dq_covers_every_tile<80, 32, 64, 96, 128, 192, 256>();
 }
 
 }  // namespace

@@ -564,6 +564,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
               ptx::thread_red_add_f32x4(group + 4 * lane, make_float4(v[0], v[1], v[2], v[3]));
 #else
+              // Scalar reductions only: the float4 interleaved (FragmentDq), as the convert kernel reads it.
 #pragma unroll
               for (int e = 0; e < 4; ++e) ptx::thread_red_add_f32(group + 32 * e + lane, v[e]);
 #endif
