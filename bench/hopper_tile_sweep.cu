@@ -13,11 +13,13 @@
 
 namespace fa = flashattn;
 
-// Own key tiles per warpgroup and the O epilogue as the library's table has them for this head dim.
+// Own key tiles per warpgroup, the O epilogue and the main loop's wait as the library's table has
+// them for this head dim.
 template <int BN, int WG, int ST, bool PP, int QS = 1, bool OWN = fa::cuda::hopper_fwd_tile(SWEEP_HDIM, false).own_tiles,
           bool STAGE_O = fa::cuda::hopper_fwd_tile(SWEEP_HDIM, false).stage_o>
 void time_config(const fa::core::ForwardParams& p, bool causal, bool dynamic = false) {
-  using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, sweep::E, BN, WG, ST, PP, QS, OWN, STAGE_O>;
+  constexpr bool kUnderPv = fa::cuda::hopper_fwd_tile(SWEEP_HDIM, false).softmax_under_pv;
+  using T = fa::cuda::sm90::FwdTraits<SWEEP_HDIM, sweep::E, BN, WG, ST, PP, QS, OWN, STAGE_O, false, false, kUnderPv>;
   const double med = sweep::median_ms([&] {
     if (!fa::cuda::launch_forward_hopper<T>(p, nullptr, dynamic)) {
       std::printf("TMA map rejected\n");

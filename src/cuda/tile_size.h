@@ -309,6 +309,15 @@ struct HopperFwdTile {
   // 1.001 / 0.999, so d=64 keeps one CTA per cluster. Call 8, at 2k / 4k / 8k: d=96 (21 heads)
   // 1.011 / 1.009 / 1.004, d=192 (10 heads) 1.014 / 1.013 / 1.041.
   bool pair_kv = false;
+  // The softmax of S_i under P_{i-1} V_{i-1} in the machine code: ptxas hoisted the wait for P V
+  // ahead of the softmax in every variant (bench/sass_overlap.py), so only ping-pong hid it; waiting
+  // through ptx::warpgroup_wait_after keeps all of its exps before the wait. H100 (session 42,
+  // bench/ab_compare.py, 3 rounds, bench/results/h100_session42_2026-12-05.txt, call 1), B/A at 2k /
+  // 4k / 8k / 16k: d=128 1.027 / 1.042 / 1.042 / 1.054, causal 1.034 / 1.031 / 1.031 / 1.035 (d=96,
+  // in the same tiles, unmeasured; no spills added); d=64 0.93-1.00 (three consumer warpgroups at 160
+  // registers: ptxas spills 36-60 bytes more) and d=256 0.97-1.01 (spills 40 -> 176-188 bytes in the
+  // ping-pong kernels; d=192's likewise), so those wait as before.
+  bool softmax_under_pv = false;
 };
 
 // d=96 runs in d=128 tiles (the same shared memory and registers; S = Q K^T takes 6 k-steps
@@ -323,7 +332,8 @@ constexpr HopperFwdTile hopper_fwd_tile(int head_dim, bool causal) {
   if (head_dim <= 64)
     return {128, 3, 2, true, causal, 1, true, /*stage_o=*/false, /*stream_k=*/true};
   // 96 and 128
-  if (head_dim <= 128) return {128, 2, 2, true, causal, 1, true, true, /*stream_k=*/true, /*pair_kv=*/true};
+  if (head_dim <= 128)
+    return {128, 2, 2, true, causal, 1, true, true, /*stream_k=*/true, /*pair_kv=*/true, /*softmax_under_pv=*/true};
   if (head_dim <= 192)
     return {112, 2, 2, !causal, causal, 1, false, /*stage_o=*/true, /*stream_k=*/false, /*pair_kv=*/true};
   return {80, 2, 2, !causal, causal, 1, false, /*stage_o=*/true, /*stream_k=*/false, /*pair_kv=*/true};

@@ -46,11 +46,13 @@ __device__ void warpgroup_store_accumulators(float* dst, const float (&acc)[N / 
 // of a 128-wide row) completing on an mbarrier; S = Q K^T with both operands K-major in shared
 // memory (wgmma ss, N = 64); P = bf16(S / 8) re-packed from the accumulator as register A
 // fragments; O = P V with V MN-major (wgmma rs, N = 128 spanning both column blocks through the
-// descriptor's leading offset). Q, K, V: [64][128]; S: [64][64]; O: [64][128].
+// descriptor's leading offset). Q, K, V: [64][128]; S: [64][64]; O: [64][128]. The last wait is
+// ptx::warpgroup_wait_after: slot_out[w] gets half of S[16 w][0], warp w's lane 0's first score.
 struct TmaMaps {
   CUtensorMap q, k, v;
 };
-__global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaMaps maps, float* S, float* O, int* ran) {
+__global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaMaps maps, float* S, float* O, float* slot_out,
+                                                    int* ran) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(1024) unsigned char tiles[3][64 * 128 * 2];
   __shared__ __align__(8) uint64_t full;
@@ -85,10 +87,14 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
     ptx::Wgmma<__nv_bfloat16, 128>::rs<1>(o, *reinterpret_cast<const uint32_t(*)[4]>(&pf[4 * kt]), db, 1);
   }
   ptx::warpgroup_commit();
-  ptx::warpgroup_wait<0>();
+  // The wait for P V after a value each warp computed meanwhile (its lane 0 stores it).
+  __shared__ float slots[4];
+  ptx::warpgroup_wait_after<0>(s[0] * 0.5f, &slots[w]);
   ptx::thread_pin(o);
   ptx::thread_pin(pf);
   warpgroup_store_accumulators<128>(O, o);
+  __syncthreads();
+  if (tid < 4) slot_out[tid] = slots[tid];
   if (tid == 0) *ran = 1;
 #else
   if (threadIdx.x == 0) *ran = 0;
@@ -219,17 +225,20 @@ TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
     d[i] = to_device(h[i]);
     ASSERT_TRUE(encode_matrix(m[i], d[i], 128));
   }
-  float *dS = nullptr, *dO = nullptr;
+  float *dS = nullptr, *dO = nullptr, *dSlots = nullptr;
   int* ran = nullptr;
   FA_CUDA_OK(cudaMalloc(&dS, 64 * 64 * 4));
   FA_CUDA_OK(cudaMalloc(&dO, 64 * 128 * 4));
+  FA_CUDA_OK(cudaMalloc(&dSlots, 4 * 4));
   FA_CUDA_OK(cudaMalloc(&ran, 4));
   FA_CUDA_OK(cudaMemset(ran, 0, 4));
-  wgmma_kernel<<<1, 128>>>(maps, dS, dO, ran);
+  FA_CUDA_OK(cudaMemset(dSlots, 0xff, 4 * 4));  // NaN
+  wgmma_kernel<<<1, 128>>>(maps, dS, dO, dSlots, ran);
   FA_LAUNCH_OK();
   FA_CUDA_OK(cudaDeviceSynchronize());
   if (!to_host(ran, 1)[0]) GTEST_SKIP() << "this build has no sm_90a code";
-  auto S = to_host(dS, 64 * 64), O = to_host(dO, 64 * 128);
+  auto S = to_host(dS, 64 * 64), O = to_host(dO, 64 * 128), slots = to_host(dSlots, 4);
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(slots[w], S[16 * w * 64] * 0.5f) << "warp " << w << "'s slot";
   auto at = [&](int i, int r, int c) { return double(__bfloat162float(h[i][r * 128 + c])); };
   std::vector<double> P(64 * 64);
   for (int r = 0; r < 64; ++r)
@@ -248,6 +257,7 @@ TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
   for (auto p : d) cudaFree(p);
   cudaFree(dS);
   cudaFree(dO);
+  cudaFree(dSlots);
   cudaFree(ran);
 }
 

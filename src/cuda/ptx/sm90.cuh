@@ -220,6 +220,18 @@ __device__ __forceinline__ void warpgroup_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+// warpgroup_wait<N>, placed in the machine code after the instructions that computed `after`.
+// ptxas hoists a wgmma wait to the top of its basic block, ahead of independent work the source
+// puts before it: the softmax meant to run while P V is on the tensor cores ran after the P V wait
+// in every sm90 kernel (bench/sass_overlap.py). It does not move the wait above a shared-memory
+// store, so lane 0 of each warp first stores `after` (a value that depends on all of that work) to
+// the warp's own word `warp_slot`, which nothing reads.
+template <int N>
+__device__ __forceinline__ void warpgroup_wait_after(float after, float* warp_slot) {
+  if (threadIdx.x % 32 == 0) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(warp_slot)), "f"(after) : "memory");
+  warpgroup_wait<N>();
+}
+
 // Keeps the compiler from moving reads or writes of an accumulator across an asynchronous wgmma
 // (it cannot see that the hardware owns the registers until the wait).
 template <int N>

@@ -12,9 +12,10 @@
 //     rescale), O += P V on wgmma with P from registers (the S accumulator re-packed, never stored)
 //     and V read MN-major from shared memory.
 //   * intra-warpgroup overlap: step i issues S_i = Q K_i^T and then O += P_{i-1} V_{i-1}; the
-//     softmax of S_i runs while the P V product is still on the tensor cores, and O is rescaled
-//     after that product lands. Key tiles are visited from the last to the first, so the masked
-//     (diagonal) tiles of a causal row come first and the mask test is a uniform branch per tile.
+//     softmax of S_i runs while the P V product is still on the tensor cores (in the machine code
+//     too where the tile table says so: kSoftmaxUnderPv), and O is rescaled after that product
+//     lands. Key tiles are visited from the last to the first, so the masked (diagonal) tiles of
+//     a causal row come first and the mask test is a uniform branch per tile.
 //   * each consumer warpgroup computes only the key tiles its own 64 rows see, and masks only its
 //     own boundary tiles; the tiles it skips it just releases (and takes their ping-pong turns).
 //   * ping-pong (kPingPong): the consumer warpgroups take turns issuing their GEMMs (named
@@ -66,7 +67,8 @@ struct FwdParams {
 };
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kPingPong_,
-          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true, bool kStreamK_ = false, bool kPairKV_ = false>
+          int kQStages_ = 1, bool kOwnTiles_ = true, bool kStageO_ = true, bool kStreamK_ = false, bool kPairKV_ = false,
+          bool kSoftmaxUnderPv_ = false>
 struct FwdTraits {
   using Element = Element_;
   // kHeadDim is the problem's head dim; shared-memory tiles hold kTileDim columns, whole 64-column
@@ -88,13 +90,17 @@ struct FwdTraits {
   // The same kernel without the merge, for launches that cut no tile: with it compiled in, ptxas
   // schedules the main loop differently, and d = 128 at 2k ran 1-2% slower (session 27).
   using Unsplit = FwdTraits<kHeadDim_, Element_, kBlockN_, kConsumerWGs_, kStages_, kPingPong_, kQStages_,
-                            kOwnTiles_, kStageO_, false>;
+                            kOwnTiles_, kStageO_, false, false, kSoftmaxUnderPv_>;
   // K/V shared by a pair of CTAs (a cluster of 2 on adjacent query tiles of one head): each loads
   // half of every K and V tile into both, by TMA multicast, and frees a stage only once both
   // CTAs' consumers are done with it. Half the L2 -> SM traffic of K and V.
   static constexpr bool kPairKV = kPairKV_;
   using Paired = FwdTraits<kHeadDim_, Element_, kBlockN_, kConsumerWGs_, kStages_, kPingPong_, kQStages_,
-                           kOwnTiles_, kStageO_, false, true>;
+                           kOwnTiles_, kStageO_, false, true, kSoftmaxUnderPv_>;
+  // The main loop's wait for P_{i-1} V_{i-1} after the softmax of S_i in the machine code too
+  // (ptx::warpgroup_wait_after; tile_size.h, HopperFwdTile::softmax_under_pv); else ptxas puts it
+  // ahead of the softmax, which only the other warpgroups' GEMMs then hide.
+  static constexpr bool kSoftmaxUnderPv = kSoftmaxUnderPv_;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kColBlocks = kTileDim / 64;  // 128-byte swizzle spans per row
@@ -110,8 +116,9 @@ struct FwdTraits {
   static constexpr int kTurnBarrier = 1;
   static constexpr int kEpilogueBarrier = kTurnBarrier + kConsumerWGs;
   // mbarriers: Q full/empty per Q stage, K and V full/empty per stage, tile-index slots
-  // full/empty (2 each); then the 2 tile-index slots and a stream-K ticket per consumer warpgroup.
-  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages + 4) + 8 + 4 * kConsumerWGs;
+  // full/empty (2 each); then the 2 tile-index slots, a stream-K ticket per consumer warpgroup and
+  // a word per consumer warp for ptx::warpgroup_wait_after.
+  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages + 4) + 8 + 4 * kConsumerWGs + 16 * kConsumerWGs;
   // float4s of one consumer thread's stream-K state: o~, then (m, l) of its two rows.
   static constexpr int kSkVecs = kPvParts * kPvN / 8 + 1;
   // Tiles start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 bytes and the
@@ -195,6 +202,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   uint64_t* tile_empty = tile_full + 2;
   int* tile_slot = reinterpret_cast<int*>(tile_empty + 2);
   int* sk_ticket = tile_slot + 2;
+  float* wait_slot = reinterpret_cast<float*>(sk_ticket + T::kConsumerWGs);
   const bool dynamic = P.tile_counter != nullptr;
 
   if (threadIdx.x == 0) {
@@ -540,14 +548,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
           ptx::thread_pin(s);
           release_kv(&k_empty[cur % S]);
           float factor[2];
-          // In the machine code this softmax does not run under P_{i-1} V_{i-1}: ptxas places the
-          // wait below ahead of it (only the mask's selects stay before it) in every variant, per
-          // bench/sass_overlap.py on 2026-12-04, so only the other warpgroup's GEMMs hide it. A loop
-          // that runs once around the softmax, its count hidden from the compiler, keeps the exps
-          // ahead of the wait, but ptxas then injects a warpgroup arrive and spills: 0.65-0.89x
-          // (bench/results/h200_session29_2026-12-04.txt, call 1).
           softmax(s, n_last - i, factor);
-          ptx::warpgroup_wait<0>();
+          // The row sums depend on every exp.
+          if constexpr (T::kSoftmaxUnderPv)
+            ptx::warpgroup_wait_after<0>(row_sum[0] + row_sum[1], wait_slot + 4 * cwg + tid / 32);
+          else
+            ptx::warpgroup_wait<0>();
           ptx::thread_pin(pf);
 #pragma unroll
           for (int part = 0; part < T::kPvParts; ++part) ptx::thread_pin(o[part]);

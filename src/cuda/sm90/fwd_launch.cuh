@@ -135,9 +135,9 @@ bool run_forward_hopper(const core::ForwardParams& p, cudaStream_t stream) {
   // Causal and windowed problems (a right bound) have their own entries: see tile_size.h.
   constexpr HopperFwdTile a = hopper_fwd_tile(kHeadDim, false), c = hopper_fwd_tile(kHeadDim, true);
   using Causal = sm90::FwdTraits<kHeadDim, Element, c.block_n, c.consumer_wgs, c.stages, c.ping_pong, c.q_stages,
-                                 c.own_tiles, c.stage_o, c.stream_k>;
+                                 c.own_tiles, c.stage_o, c.stream_k, false, c.softmax_under_pv>;
   using Plain = sm90::FwdTraits<kHeadDim, Element, a.block_n, a.consumer_wgs, a.stages, a.ping_pong, a.q_stages,
-                                a.own_tiles, a.stage_o, a.stream_k>;
+                                a.own_tiles, a.stage_o, a.stream_k, false, a.softmax_under_pv>;
   if (p.window_right >= 0) return launch_forward_hopper<Causal>(p, stream, c.dynamic);
   return launch_forward_hopper<Plain, a.pair_kv>(p, stream, a.dynamic);
 }
