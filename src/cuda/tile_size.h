@@ -49,8 +49,19 @@ struct PortableFwdTile {
 //   187. Persistent CTAs (one grid of resident CTAs walking the tiles, a tile's last step loading
 //   the next one's Q and first K/V tile) ran 0.88-1.01 of one CTA per tile at every head dim.
 // Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
+// large_smem (sm80 builds only): the entry for a GPU that gives a block more shared memory than
+// sm86/89's 99 KB (the A100's 163 KB, and Hopper running this build's PTX): the sm90 entries, which
+// the launcher takes where they fit (FlashAttention-2 runs 128 x 64 tiles on 8 warps at d=256
+// there). Measured on an H100 running an sm80 build's PTX (no A100 here; bf16, 16k tokens, hidden
+// 2048; bench/results/h100_session42_2026-12-05.txt, call 4), B/A over the 99 KB entries at 2k /
+// 4k / 8k / 16k: d=256 1.16 / 1.20 / 1.16 / 1.19 (causal 1.20 / 1.22 / 1.21 / 1.11), d=128 1.03 /
+// 1.02 / 1.00 / 1.00 (causal 1.03 / 1.03 / 1.03 / 1.02); d=64's entry is the same. Beside
+// FlashAttention-2's kernels (sm80 code too) d=256 then ran 1.02-1.06 (causal 1.01-1.11), where it
+// had run 0.84-0.88.
 template <int kArch>
-constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = false) {
+constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = false, bool large_smem = false) {
+  if constexpr (kArch < 90)
+    if (large_smem) return portable_fwd_tile<90>(head_dim, right_bound);
   if constexpr (kArch >= 90) {
     // H100/H200: 227 KB of shared memory per block; registers decide.
     // d=256 without a right bound: 8 warps in pairs (kDSplit), 128 rows, one CTA per SM: Q 64 KB +

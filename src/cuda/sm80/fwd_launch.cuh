@@ -29,18 +29,36 @@ void launch_forward_portable(const core::ForwardParams& p, cudaStream_t stream) 
   check_launch("flashattn forward kernel (portable path)");
 }
 
+// The kernel shape of the tile table's entry (portable_fwd_tile).
+template <int kHeadDim, class Element, int kArch, bool kRightBound, bool kLargeSmem>
+struct PortableFwdShape {
+  static constexpr PortableFwdTile t = portable_fwd_tile<kArch>(kHeadDim, kRightBound, kLargeSmem);
+  using Traits = sm80::FwdTraits<kHeadDim, Element, t.block_n, t.warps, t.m_tiles, t.stages, t.q_in_regs, 1, t.d_split>;
+};
+
 template <int kHeadDim, class Element, int kArch>
 void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
-  // A right bound (causal, windows) has its own tile where the table gives one (tile_size.h).
-  constexpr PortableFwdTile a = portable_fwd_tile<kArch>(kHeadDim, false), c = portable_fwd_tile<kArch>(kHeadDim, true);
-  using Plain =
-      sm80::FwdTraits<kHeadDim, Element, a.block_n, a.warps, a.m_tiles, a.stages, a.q_in_regs, 1, a.d_split>;
-  using Bounded =
-      sm80::FwdTraits<kHeadDim, Element, c.block_n, c.warps, c.m_tiles, c.stages, c.q_in_regs, 1, c.d_split>;
-  if (!std::is_same_v<Plain, Bounded> && p.window_right >= 0)
-    launch_forward_portable<Bounded>(p, stream);
+  // A right bound (causal, windows) has its own tile where the table gives one (tile_size.h); sm80
+  // builds take the large entry where this GPU gives a block the shared memory it needs.
+  auto run = [&](auto right_bound) {
+    constexpr bool kBound = decltype(right_bound)::value;
+    using Small = typename PortableFwdShape<kHeadDim, Element, kArch, kBound, false>::Traits;
+    if constexpr (kArch < 90) {
+      using Large = typename PortableFwdShape<kHeadDim, Element, kArch, kBound, true>::Traits;
+      if constexpr (!std::is_same_v<Large, Small>)
+        if (current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= Large::kSmemBytes)
+          return launch_forward_portable<Large>(p, stream);
+    }
+    launch_forward_portable<Small>(p, stream);
+  };
+  using Plain = typename PortableFwdShape<kHeadDim, Element, kArch, false, false>::Traits;
+  using Bounded = typename PortableFwdShape<kHeadDim, Element, kArch, true, false>::Traits;
+  using PlainLarge = typename PortableFwdShape<kHeadDim, Element, kArch, false, true>::Traits;
+  using BoundedLarge = typename PortableFwdShape<kHeadDim, Element, kArch, true, true>::Traits;
+  if (p.window_right >= 0 && (!std::is_same_v<Plain, Bounded> || !std::is_same_v<PlainLarge, BoundedLarge>))
+    run(std::true_type{});
   else
-    launch_forward_portable<Plain>(p, stream);
+    run(std::false_type{});
 }
 
 }  // namespace flashattn::cuda
