@@ -472,10 +472,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(const __grid_c
         ptx::warpgroup_wait<1>();
         ptx::thread_pin(st);
         if constexpr (!kSoftcap) {
-          // P^T while dP^T is still on the tensor cores. In the 80-row kernel ptxas places the dP^T
-          // wait before the exps (SASS, bench/sass_overlap.py), so only their scaling FMAs run
-          // under dP^T; what was tried to keep the exps there, and measured no gain, is in
-          // docs/performance.md (Backward, session 28).
+          // P^T while dP^T is still on the tensor cores. ptxas places the dP^T wait before the
+          // exps (SASS, bench/sass_overlap.py), so only their scaling FMAs run under dP^T; keeping
+          // the exps there (sessions 28 and 42, the latter by ptx::warpgroup_wait_after) measured
+          // no gain: docs/performance.md, Backward.
 #pragma unroll
           for (int j = 0; j < BM / 8; ++j) {
             const float2 l = lse2[4 * j];
