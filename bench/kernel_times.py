@@ -13,6 +13,7 @@ listed. Shapes follow the anchors: bf16, 16k tokens in total, hidden 2048.
   FLASHATTN_GPU_BACKWARD=portable python3 bench/kernel_times.py ... --against fa2   # the portable path
   ncu --profile-from-start off ... python3 bench/kernel_times.py ... --calls 0   # counters instead
   python3 bench/kernel_times.py ... --timeline   # also one call's kernels on a time axis (overlaps)
+  python3 bench/kernel_times.py ... --deterministic   # our backward's deterministic mode
 """
 import argparse
 import collections
@@ -78,10 +79,11 @@ def main():
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--against", default="cudnn", choices=("cudnn", "fa2"))
     p.add_argument("--timeline", action="store_true", help="also print one call of ours on a time axis")
+    p.add_argument("--deterministic", action="store_true", help="our backward in deterministic mode")
     a = p.parse_args()
     lib = load(a.lib)
     for d, causal, s, b, h in shapes(a):
-        prob = Problem(b, s, h, d, causal)
+        prob = Problem(b, s, h, d, causal, deterministic=a.deterministic)
         work = flops(b, h, s, d, causal, a.mode)
         runner(lib, prob, "fwd")()
         ours = runner(lib, prob, a.mode)
