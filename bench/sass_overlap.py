@@ -7,9 +7,9 @@ P V; the 80-row backward kernel waits for S^T with dP^T in flight the same way. 
 is not the machine order: ptxas may move the second wait up past the exps (it did in every sm90
 kernel on 2026-12-04, bench/results/h200_session28_2026-12-04.txt; since session 42 the d = 96
 and 128 forward kernels wait through ptx::warpgroup_wait_after, which keeps it after them). For
-each kernel this script
-counts, in the SASS, the MUFU.EX2 instructions between each WARPGROUP.DEPBAR.LE gsb0, 0x1 and
-the next DEPBAR (the exps issued while one commit group may still run): zero means that softmax
+each kernel this script counts, in the SASS, the MUFU.EX2 instructions between each
+WARPGROUP.DEPBAR.LE gsb0, 0x1 and the next DEPBAR (the exps issued while one commit group may
+still run): zero means that softmax
 waits for the whole previous product. (The d = 64 backward's exps run before the dV wgmma that
 follows them, whose own wait is again a DEPBAR 0x1.)
 
