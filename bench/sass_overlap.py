@@ -9,9 +9,8 @@ kernel on 2026-12-04, bench/results/h200_session28_2026-12-04.txt; since session
 and 128 forward kernels wait through ptx::warpgroup_wait_after, which keeps it after them). For
 each kernel this script counts, in the SASS, the MUFU.EX2 instructions between each
 WARPGROUP.DEPBAR.LE gsb0, 0x1 and the next DEPBAR (the exps issued while one commit group may
-still run): zero means that softmax
-waits for the whole previous product. (The d = 64 backward's exps run before the dV wgmma that
-follows them, whose own wait is again a DEPBAR 0x1.)
+still run): zero means that softmax waits for the whole previous product. (The d = 64
+backward's exps run before the dV wgmma that follows them, whose own wait is again a DEPBAR 0x1.)
 
 Needs cuobjdump and nvdisasm (CUDA toolkit, or the nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm wheels); reads object files or the shared library, no GPU.
