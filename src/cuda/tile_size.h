@@ -1,7 +1,8 @@
 // One table: (path, target arch, head dim) -> tile shape, warps, pipeline stages, with the reason
 // for each entry. The portable path (mma.sync) is compiled separately per target arch, so each
 // arch gets tiles that fit its shared memory: 99 KB per block on sm86/sm89 (the sm80 build runs
-// there too, so its entries must fit 99 KB), 227 KB on sm90.
+// there too, so its entries must fit 99 KB, but for its large entries, which only GPUs of 160 KB
+// or more take: kLargeSmemBlockBytes), 227 KB on sm90.
 //
 // Terms: block_m = 16 * warps / d_split * m_tiles query rows per CTA; each warp owns 16 * m_tiles
 // rows and reads every K/V tile from shared memory once per step, so m_tiles = 2 halves
@@ -49,10 +50,14 @@ struct PortableFwdTile {
 //   187. Persistent CTAs (one grid of resident CTAs walking the tiles, a tile's last step loading
 //   the next one's Q and first K/V tile) ran 0.88-1.01 of one CTA per tile at every head dim.
 // Head dims 32, 96 and 192 take their neighbours' shapes (unmeasured).
-// large_smem (sm80 builds only): the entry for a GPU that gives a block more shared memory than
-// sm86/89's 99 KB (the A100's 163 KB, and Hopper running this build's PTX): the sm90 entries, which
-// the launcher takes where they fit (FlashAttention-2 runs 128 x 64 tiles on 8 warps at d=256
-// there). Measured on an H100 running an sm80 build's PTX (no A100 here; bf16, 16k tokens, hidden
+// The sm80 build's large entries (large_smem below) are for GPUs whose blocks may have this much
+// shared memory or more: the A100 and sm87 (163 KB), Hopper running the build's PTX (227 KB). sm86
+// and sm89 (99 KB) keep the entries made for them, also where a large one would fit.
+constexpr int kLargeSmemBlockBytes = 160 * 1024;
+
+// large_smem (sm80 builds only): the entry for a GPU that gives a block kLargeSmemBlockBytes or more:
+// the sm90 entries, which the launcher takes where they fit (FlashAttention-2 runs 128 x 64 tiles
+// on 8 warps at d=256 there). Measured on an H100 running an sm80 build's PTX (no A100 here; bf16, 16k tokens, hidden
 // 2048; bench/results/h100_session42_2026-12-05.txt, call 4), B/A over the 99 KB entries at 2k /
 // 4k / 8k / 16k: d=256 1.16 / 1.20 / 1.16 / 1.19 (causal 1.20 / 1.22 / 1.21 / 1.11), d=128 1.03 /
 // 1.02 / 1.00 / 1.00 (causal 1.03 / 1.03 / 1.03 / 1.02); d=64's entry is the same. Beside
@@ -161,10 +166,10 @@ struct PortableBwdTile {
   bool stmatrix_ps = false;
 };
 
-// large_smem (sm80 builds only): the entry for a GPU that gives a block 160 KB or more of shared
-// memory (the A100's 163 KB, and Hopper running this build's PTX); the launcher takes it where the
-// device has room for it and falls back to the 99 KB entry elsewhere (sm86/89), as FlashAttention-2
-// picks its backward tiles by the device's shared memory.
+// large_smem (sm80 builds only): the entry for a GPU that gives a block kLargeSmemBlockBytes or more
+// (the A100's 163 KB, and Hopper running this build's PTX); the launcher takes it there and the
+// 99 KB entry elsewhere (sm86/89), as FlashAttention-2 picks its backward tiles by the device's
+// shared memory.
 template <int kArch>
 constexpr PortableBwdTile portable_bwd_tile(int head_dim, bool large_smem = false) {
   if constexpr (kArch >= 90) {
