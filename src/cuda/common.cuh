@@ -27,11 +27,6 @@ inline int current_device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
-// Whether the current device lets a block opt in to `bytes` of shared memory.
-inline bool block_smem_fits(int bytes) {
-  return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= bytes;
-}
-
 // Makes `device_index` current for the duration of a call and restores the caller's device after.
 class DeviceGuard {
  public:

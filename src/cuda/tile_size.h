@@ -54,6 +54,9 @@ struct PortableFwdTile {
 // shared memory or more: the A100 and sm87 (163 KB), Hopper running the build's PTX (227 KB). sm86
 // and sm89 (99 KB) keep the entries made for them, also where a large one would fit.
 constexpr int kLargeSmemBlockBytes = 160 * 1024;
+// Whether a GPU whose blocks may opt in to `optin` bytes of shared memory takes a large entry that
+// needs `bytes` (tests/cpu/tile_table_test.cpp).
+constexpr bool takes_large_entry(int optin, int bytes) { return optin >= kLargeSmemBlockBytes && optin >= bytes; }
 
 // large_smem (sm80 builds only): the entry for a GPU that gives a block kLargeSmemBlockBytes or more:
 // the sm90 entries, which the launcher takes where they fit (FlashAttention-2 runs 128 x 64 tiles

@@ -100,7 +100,7 @@ void run_backward_portable(const core::BackwardParams& p, cudaStream_t stream) {
     // sm80 builds: the large entry where this GPU gives a block the shared memory it needs.
     using Large = typename PortableBwdShape<kHeadDim, Element, kArch, true>::Traits;
     if constexpr (!std::is_same_v<Large, Small>)
-      if (block_smem_fits(std::max(kLargeSmemBlockBytes, Large::kSmemBytes)))
+      if (takes_large_entry(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin), Large::kSmemBytes))
         return launch_backward_portable<Large>(p, stream);
   }
   launch_backward_portable<Small>(p, stream);

@@ -2,7 +2,6 @@
 // only by the generated instantiation files (src/cuda/instantiations/), one variant per file.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -47,7 +46,7 @@ void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
     if constexpr (kArch < 90) {
       using Large = typename PortableFwdShape<kHeadDim, Element, kArch, kBound, true>::Traits;
       if constexpr (!std::is_same_v<Large, Small>)
-        if (block_smem_fits(std::max(kLargeSmemBlockBytes, Large::kSmemBytes)))
+        if (takes_large_entry(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin), Large::kSmemBytes))
           return launch_forward_portable<Large>(p, stream);
     }
     launch_forward_portable<Small>(p, stream);
