@@ -58,14 +58,14 @@ constexpr int kLargeSmemBlockBytes = 160 * 1024;
 // needs `bytes` (tests/cpu/tile_table_test.cpp).
 constexpr bool takes_large_entry(int optin, int bytes) { return optin >= kLargeSmemBlockBytes && optin >= bytes; }
 
-// large_smem (sm80 builds only): the entry for a GPU that gives a block kLargeSmemBlockBytes or more:
-// the sm90 entries, which the launcher takes where they fit (FlashAttention-2 runs 128 x 64 tiles
-// on 8 warps at d=256 there). Measured on an H100 running an sm80 build's PTX (no A100 here; bf16, 16k tokens, hidden
-// 2048; bench/results/h100_session42_2026-12-05.txt, call 4), B/A over the 99 KB entries at 2k /
-// 4k / 8k / 16k: d=256 1.16 / 1.20 / 1.16 / 1.19 (causal 1.20 / 1.22 / 1.21 / 1.11), d=128 1.03 /
-// 1.02 / 1.00 / 1.00 (causal 1.03 / 1.03 / 1.03 / 1.02); d=64's entry is the same. Beside
-// FlashAttention-2's kernels (sm80 code too) d=256 then ran 1.02-1.06 (causal 1.01-1.11), where it
-// had run 0.84-0.88.
+// large_smem (sm80 builds only): the entry for a GPU that gives a block kLargeSmemBlockBytes or
+// more: the sm90 entries, which the launcher takes where they fit (FlashAttention-2 runs 128 x 64
+// tiles on 8 warps at d=256 there). Measured on an H100 running an sm80 build's PTX (no A100 here;
+// bf16, 16k tokens, hidden 2048; bench/results/h100_session42_2026-12-05.txt, call 4), B/A over
+// the 99 KB entries at 2k / 4k / 8k / 16k: d=256 1.16 / 1.20 / 1.16 / 1.19 (causal 1.20 / 1.22 /
+// 1.21 / 1.11), d=128 1.03 / 1.02 / 1.00 / 1.00 (causal 1.03 / 1.03 / 1.03 / 1.02); d=64's entry
+// is the same. Beside FlashAttention-2's kernels (sm80 code too) d=256 then ran 1.02-1.06 (causal
+// 1.01-1.11), where it had run 0.84-0.88.
 template <int kArch>
 constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = false, bool large_smem = false) {
   if constexpr (kArch < 90)

@@ -51,11 +51,7 @@ void run_forward_portable(const core::ForwardParams& p, cudaStream_t stream) {
     }
     launch_forward_portable<Small>(p, stream);
   };
-  using Plain = typename PortableFwdShape<kHeadDim, Element, kArch, false, false>::Traits;
-  using Bounded = typename PortableFwdShape<kHeadDim, Element, kArch, true, false>::Traits;
-  using PlainLarge = typename PortableFwdShape<kHeadDim, Element, kArch, false, true>::Traits;
-  using BoundedLarge = typename PortableFwdShape<kHeadDim, Element, kArch, true, true>::Traits;
-  if (p.window_right >= 0 && (!std::is_same_v<Plain, Bounded> || !std::is_same_v<PlainLarge, BoundedLarge>))
+  if (p.window_right >= 0)
     run(std::true_type{});
   else
     run(std::false_type{});
