@@ -117,8 +117,9 @@ struct FwdTraits {
   static constexpr int kEpilogueBarrier = kTurnBarrier + kConsumerWGs;
   // mbarriers: Q full/empty per Q stage, K and V full/empty per stage, tile-index slots
   // full/empty (2 each); then the 2 tile-index slots, a stream-K ticket per consumer warpgroup and
-  // a word per consumer warp for ptx::warpgroup_wait_after.
-  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages + 4) + 8 + 4 * kConsumerWGs + 16 * kConsumerWGs;
+  // (kSoftmaxUnderPv) a word per consumer warp for ptx::warpgroup_wait_after.
+  static constexpr int kBarrierBytes =
+      8 * (2 * kQStages + 4 * kStages + 4) + 8 + 4 * kConsumerWGs + (kSoftmaxUnderPv ? 16 * kConsumerWGs : 0);
   // float4s of one consumer thread's stream-K state: o~, then (m, l) of its two rows.
   static constexpr int kSkVecs = kPvParts * kPvN / 8 + 1;
   // Tiles start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 bytes and the
