@@ -9,8 +9,8 @@
 // so bottom-right alignment is the diagonal), a later one is skipped.
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -53,8 +53,10 @@ inline int64_t chunk_at(const Ring& r, int64_t i, int64_t step) { return (i - st
 struct State {
   HostTensor o, lse, merged, merged_lse;
   State(DType t, const Ring& r)
-      : o(t, {2, r.batch * r.chunk, r.heads_q, r.d}), lse(lse_dtype(t), {2, r.batch * r.chunk, r.heads_q}),
-        merged(t, {r.batch * r.chunk, r.heads_q, r.d}), merged_lse(lse_dtype(t), {r.batch * r.chunk, r.heads_q}) {
+      : o(t, {2, r.batch * r.chunk, r.heads_q, r.d}),
+        lse(lse_dtype(t), {2, r.batch * r.chunk, r.heads_q}),
+        merged(t, {r.batch * r.chunk, r.heads_q, r.d}),
+        merged_lse(lse_dtype(t), {r.batch * r.chunk, r.heads_q}) {
     for (int64_t i = 0; i < 2 * r.rows(); ++i) lse.set(i, -std::numeric_limits<double>::infinity());
     for (int64_t i = 0; i < 2 * r.rows() * r.d; ++i) o.set(i, 0.0);
   }
@@ -157,7 +159,8 @@ inline void add_chunk(const Ring& r, std::vector<double>& into, const std::vecto
   for (int64_t b = 0; b < r.batch; ++b)
     for (int64_t y = 0; y < r.chunk; ++y)
       for (int64_t e = 0; e < heads * r.d; ++e)
-        into[size_t(((b * r.seqlen() + start + y) * heads) * r.d + e)] += part[size_t(((b * r.chunk + y) * heads) * r.d + e)];
+        into[size_t(((b * r.seqlen() + start + y) * heads) * r.d + e)] +=
+            part[size_t(((b * r.chunk + y) * heads) * r.d + e)];
 }
 
 // The full problem (host tensors): fp64 truth and the plain same-precision implementation that the
@@ -180,7 +183,8 @@ inline Full full_problem(const Ring& r, const HostTensor& q, const HostTensor& k
   b.dout = dout.view, b.q = q.view, b.k = k.view, b.v = v.view, b.out = out.view, b.lse = lse.view;
   b.dq = dq.view, b.dk = dk.view, b.dv = dv.view, b.options = opts;
   return {reference::forward(f, reference::Precision::f64), reference::forward(f, reference::Precision::same_as_input),
-          reference::backward(b, reference::Precision::f64), reference::backward(b, reference::Precision::same_as_input)};
+          reference::backward(b, reference::Precision::f64),
+          reference::backward(b, reference::Precision::same_as_input)};
 }
 
 }  // namespace fa_test::ring

@@ -15,8 +15,8 @@
 
 namespace {
 
-using flashattn::DType;
 using fa_test::HostTensor;
+using flashattn::DType;
 using namespace fa_test::ring;
 
 using Params = std::tuple<DType, bool, float>;  // dtype, causal, softcap
@@ -27,8 +27,8 @@ TEST_P(RingAttention, ComposesToFullAttentionAndGradients) {
   const Ring r{2, 3, 23, 4, 2, 32};  // an odd chunk, GQA 2:1
   const int64_t s = r.seqlen();
   std::mt19937 rng(7);
-  HostTensor q(t, {r.batch, s, r.heads_q, r.d}), k(t, {r.batch, s, r.heads_kv, r.d}), v(t, {r.batch, s, r.heads_kv, r.d}),
-      dout(t, {r.batch, s, r.heads_q, r.d});
+  HostTensor q(t, {r.batch, s, r.heads_q, r.d}), k(t, {r.batch, s, r.heads_kv, r.d}),
+      v(t, {r.batch, s, r.heads_kv, r.d}), dout(t, {r.batch, s, r.heads_q, r.d});
   q.fill_normal(rng);
   k.fill_normal(rng);
   v.fill_normal(rng);

@@ -28,8 +28,8 @@ TEST_P(GpuRingAttention, ComposesToFullAttentionAndGradients) {
   const Ring r{2, 3, 80, 4, 2, d};
   const int64_t s = r.seqlen();
   std::mt19937 rng(5);
-  HostTensor q(t, {r.batch, s, r.heads_q, r.d}), k(t, {r.batch, s, r.heads_kv, r.d}), v(t, {r.batch, s, r.heads_kv, r.d}),
-      dout(t, {r.batch, s, r.heads_q, r.d});
+  HostTensor q(t, {r.batch, s, r.heads_q, r.d}), k(t, {r.batch, s, r.heads_kv, r.d}),
+      v(t, {r.batch, s, r.heads_kv, r.d}), dout(t, {r.batch, s, r.heads_q, r.d});
   q.fill_normal(rng);
   k.fill_normal(rng);
   v.fill_normal(rng);
@@ -77,7 +77,8 @@ TEST_P(GpuRingAttention, ComposesToFullAttentionAndGradients) {
       for_each_backward_pair(r, causal, opts, d_q.view, d_k.view, d_v.view, d_dout.view, views,
                              [&](int64_t i, int64_t j, flashattn::BackwardArgs& a) {
                                HostTensor pq(t, {r.batch, r.chunk, r.heads_q, r.d}),
-                                   pk(t, {r.batch, r.chunk, r.heads_kv, r.d}), pv(t, {r.batch, r.chunk, r.heads_kv, r.d});
+                                   pk(t, {r.batch, r.chunk, r.heads_kv, r.d}),
+                                   pv(t, {r.batch, r.chunk, r.heads_kv, r.d});
                                DeviceTensor dpq(pq), dpk(pk), dpv(pv);
                                dpq.poison(), dpk.poison(), dpv.poison();
                                a.dq = dpq.view, a.dk = dpk.view, a.dv = dpv.view;
@@ -97,7 +98,8 @@ TEST_P(GpuRingAttention, ComposesToFullAttentionAndGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuRingAttention,
-                         ::testing::Combine(::testing::Values(DType::bf16, DType::f16), ::testing::Values(int64_t(64), int64_t(128)),
+                         ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
+                                            ::testing::Values(int64_t(64), int64_t(128), int64_t(256)),
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<Params>& info) {
                            return std::string(flashattn::dtype_name(std::get<0>(info.param))) + "_d" +
