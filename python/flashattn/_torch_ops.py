@@ -1,9 +1,11 @@
 """The library as PyTorch operators: torch.ops.flashattn.{fwd, bwd, kvcache, kvcache_append, merge}.
 
 Each is a torch.library custom op with a fake (meta) implementation, so torch.compile traces
-through it without graph breaks; fwd has an autograd formula that calls bwd. The real
-implementations pass raw pointers, shapes and strides to the extension (no torch below this
-file), CPU tensors to the CPU engine, CUDA tensors to the GPU kernels on the current stream.
+through it without graph breaks; fwd has an autograd formula that calls bwd, and merge one in
+torch ops (so that attention over key chunks, merged as cascade and ring attention do, is
+differentiable). The real implementations pass raw pointers, shapes and strides to the extension
+(no torch below this file), CPU tensors to the CPU engine, CUDA tensors to the GPU kernels on the
+current stream.
 """
 import atexit
 from typing import Optional
@@ -251,3 +253,31 @@ def merge(o_parts: Tensor, lse_parts: Tensor) -> tuple[Tensor, Tensor]:
 def _(o_parts, lse_parts):
     out_shape, lse_shape = _merge_shapes(o_parts)
     return o_parts.new_empty(out_shape), o_parts.new_empty(lse_shape, dtype=_lse_dtype(o_parts.dtype))
+
+
+def _merge_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+    ctx.set_materialize_grads(False)
+
+
+def _merge_backward(ctx, dout, dlse):
+    # out = sum_i w_i o_i and lse = log sum_i exp(lse_i), with w_i = exp(lse_i - lse), so
+    #   d o_i = w_i dout,   d lse_i = w_i (dlse + <dout, o_i - out>)
+    # (over the head dim; in the lse's precision). A part with lse_i = -inf is an empty key set: it
+    # weighs 0 and gets zero gradients whatever its o holds (NaN, say), as does every part of a row
+    # with no key at all (lse = -inf).
+    o_parts, lse_parts, out, lse = ctx.saved_tensors
+    acc = lse.dtype
+    live = (lse_parts > float("-inf")) & (lse > float("-inf"))[None]
+    w = torch.where(live, torch.exp(lse_parts.to(acc) - lse[None].to(acc)), 0.0)
+    g = torch.zeros_like(w) if dlse is None else dlse[None].to(acc).expand_as(w)
+    if dout is None:
+        d_o = torch.zeros_like(o_parts)
+    else:
+        o = torch.where(live[..., None], o_parts.to(acc), 0.0)
+        g = g + ((o - out[None].to(acc)) * dout[None].to(acc)).sum(-1)
+        d_o = (w[..., None] * dout[None].to(acc)).to(o_parts.dtype)
+    return d_o, (w * g).to(lse_parts.dtype)
+
+
+merge.register_autograd(_merge_backward, setup_context=_merge_setup_context)

@@ -237,7 +237,8 @@ def merge_states(o_parts, lse_parts):
 
     o_parts [num_parts, tokens, heads, d], lse_parts [num_parts, tokens, heads] (float32; float64
     with float64 o_parts). A part with lse = -inf is empty and weighs 0; when every part is empty,
-    out = 0 and lse = -inf.
+    out = 0 and lse = -inf. With torch tensors it is differentiable (an empty part gets zero
+    gradients).
     """
     if _is_torch(o_parts):
         return _torch_ops.merge(_unit_last_dim(o_parts), lse_parts)

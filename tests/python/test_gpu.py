@@ -205,6 +205,39 @@ def test_merge_states():
     assert_rule(out.view(1, 50, 8, 128), standard(q, k, v, dtype=torch.float64), standard(q, k, v), torch.bfloat16)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_autograd(causal):
+    # Ring attention in plain autograd (tests/python/test_torch_cpu.py has the float64 version): the
+    # sequence in 3 chunks, each query chunk's pairs (out, lse) merged; the gradients flow through
+    # merge_states' autograd into each pair's out and lse.
+    dtype, b, c, n, hq, hk, d = torch.bfloat16, 2, 200, 3, 8, 2, 128
+    q = torch.randn(b, n * c, hq, d, device=DEV, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, n * c, hk, d, device=DEV, dtype=dtype, requires_grad=True) for _ in range(2))
+    dout = torch.randn_like(q)
+
+    def ring():
+        outs = []
+        for i in range(n):
+            qi = q[:, i * c:(i + 1) * c]
+            pairs = [flashattn.flash_attn_func(qi, k[:, j * c:(j + 1) * c], v[:, j * c:(j + 1) * c],
+                                               causal=causal and i == j, return_lse=True)
+                     for j in range(n) if not causal or j <= i]
+            o_parts = torch.stack([o.reshape(b * c, hq, d) for o, _ in pairs])
+            lse_parts = torch.stack([lse.transpose(1, 2).reshape(b * c, hq) for _, lse in pairs])
+            outs.append(flashattn.merge_states(o_parts, lse_parts)[0].reshape(b, c, hq, d))
+        return torch.cat(outs, dim=1)
+
+    out = or_skip_unsupported(ring)
+    ours = or_skip_unsupported(torch.autograd.grad, out, (q, k, v), dout)
+    ref64 = standard(q, k, v, causal=causal, dtype=torch.float64)
+    plain = standard(q, k, v, causal=causal)
+    assert_rule(out, ref64, plain, dtype)
+    grads64 = torch.autograd.grad(ref64, (q, k, v), dout.double())
+    grads_plain = torch.autograd.grad(plain, (q, k, v), dout)
+    for name, a, r, p in zip("qkv", ours, grads64, grads_plain):
+        assert_rule(a, r, p, dtype, factor=3.0, what=f"d{name}")
+
+
 def test_cuda_graph_capture_of_a_decode_step():
     b, hq, hk, d, page = 8, 32, 8, 128, 64
     kc, vc, table = paged_kv(b, 16, page, hk, d, torch.bfloat16)

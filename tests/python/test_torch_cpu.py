@@ -269,6 +269,56 @@ def test_merge_states_torch():
     assert max_err(lse.double().numpy(), ref_l.transpose(0, 2, 1).reshape(6, 2)) < 1e-5
 
 
+def test_merge_states_gradients():
+    # gradcheck in float64 (finite lse: a -inf one has no finite difference), for out and lse.
+    o_parts = rand(3, 5, 2, 16, dtype=torch.float64, grad=True)
+    lse_parts = (3 * torch.randn(3, 5, 2, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(flashattn.merge_states, (o_parts, lse_parts))
+    # An empty part (lse = -inf) weighs nothing and gets zero gradients, even with NaN in its o; a
+    # row where every part is empty gets zero gradients too, never NaN.
+    o = rand(2, 3, 1, 8)
+    lse = torch.randn(2, 3, 1)
+    o[1, 0], lse[1, 0] = float("nan"), float("-inf")
+    o[:, 2], lse[:, 2] = float("nan"), float("-inf")
+    o.requires_grad_(), lse.requires_grad_()
+    out, merged = flashattn.merge_states(o, lse)
+    (out.sum() + merged[:, :2].sum()).backward()
+    assert torch.isfinite(o.grad).all() and torch.isfinite(lse.grad).all()
+    assert (o.grad[1, 0] == 0).all() and lse.grad[1, 0] == 0 and (o.grad[:, 2] == 0).all() and (lse.grad[:, 2] == 0).all()
+    torch.testing.assert_close(o.grad[0, 0], torch.ones(1, 8))  # the only live part of row 0 weighs 1
+    torch.library.opcheck(torch.ops.flashattn.merge.default,
+                          (rand(3, 5, 2, 32, grad=True), rand(3, 5, 2, grad=True)))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_autograd(dtype, tol, causal):
+    # Ring attention (context parallelism) in plain autograd: the sequence in 3 chunks; chunk i's
+    # queries attend to each key chunk it may see (under a causal mask the earlier ones whole, its
+    # own causally) and the pairs' (out, lse) are merged. Forward and gradients equal the whole
+    # sequence's: the lse gradient of each pair carries the merge's share.
+    b, c, hq, hk, d, n = 2, 13, 4, 2, 32, 3
+    q, k, v = (rand(b, n * c, h, d, dtype=dtype, grad=True) for h in (hq, hk, hk))
+    dout = rand(b, n * c, hq, d, dtype=dtype)
+    outs = []
+    for i in range(n):
+        qi = q[:, i * c:(i + 1) * c]
+        pairs = [flashattn.flash_attn_func(qi, k[:, j * c:(j + 1) * c], v[:, j * c:(j + 1) * c],
+                                           causal=causal and i == j, return_lse=True)
+                 for j in range(n) if not causal or j <= i]
+        o_parts = torch.stack([o.reshape(b * c, hq, d) for o, _ in pairs])
+        lse_parts = torch.stack([lse.transpose(1, 2).reshape(b * c, hq) for _, lse in pairs])
+        out, _ = flashattn.merge_states(o_parts, lse_parts)
+        outs.append(out.reshape(b, c, hq, d))
+    ring = torch.cat(outs, dim=1)
+    ring_grads = torch.autograd.grad(ring, (q, k, v), dout)
+    full = flashattn.flash_attn_func(q, k, v, causal=causal)
+    full_grads = torch.autograd.grad(full, (q, k, v), dout)
+    torch.testing.assert_close(ring, full, rtol=0, atol=tol)
+    for got, want in zip(ring_grads, full_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=10 * tol)
+
+
 # ---- errors -------------------------------------------------------------------------------------
 
 def test_torch_errors():
