@@ -4,6 +4,7 @@
 #   scripts/gpu_check.sh [build|test|sanitize|bench|sweep]...   (default: the first four, in order)
 # Environment (exported, so this script sees it): ARCHS (default 90a), HDIMS, DTYPES,
 # TEST_FILTER (gtest filter of the test step), BENCH_ARGS (passed to bench/sdpa_compare.py),
+# DECODE_ARGS (passed to bench/decode_compare.py, which the bench step runs next; "skip" leaves it out),
 # SAN_FILTER (gtest filter for the sanitizer pass), SAN_TOOLS (default "memcheck racecheck";
 # synccheck checks barrier use), SWEEPS (the tile sweeps of the sweep step, default
 # "tile_sweep hopper_tile_sweep bwd_tile_sweep") and SWEEP_HDIMS (default "64 128 256"). The sweep
@@ -55,6 +56,10 @@ for step in "${steps[@]}"; do
     bench)
       PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --lib $BUILD/libflashattn.so --json "$OUT/bench.json" ${BENCH_ARGS:-} \
         2>&1 | tee "$OUT/bench.log" || status=1
+      if [ "${DECODE_ARGS:-}" != "skip" ]; then
+        PYTHONUNBUFFERED=1 python3 bench/decode_compare.py --lib $BUILD/libflashattn.so --json "$OUT/decode.json" \
+          ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" || status=1
+      fi
       ;;
     sweep)
       # Every (sweep, head dim) binary compiles in parallel; they then run one after another.
