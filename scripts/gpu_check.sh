@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build, GPU tests against the fp64 reference, compute-sanitizer on a
 # reduced set, and the side-by-side benchmark. Logs go to $OUT (the device tool brings them back).
-#   scripts/gpu_check.sh [build|test|sanitize|bench|sweep]...   (default: the first four, in order)
+#   scripts/gpu_check.sh [build|test|sanitize|bench|bars|sweep]...   (default: the first four, in order)
+# bars: the open issues' bar points, measured and judged (bench/bars.py).
 # Environment (exported, so this script sees it): ARCHS (default 90a), HDIMS, DTYPES,
 # TEST_FILTER (gtest filter of the test step), BENCH_ARGS (passed to bench/sdpa_compare.py),
 # DECODE_ARGS (passed to bench/decode_compare.py, which the bench step runs next; "skip" leaves it out),
@@ -60,6 +61,21 @@ for step in "${steps[@]}"; do
         PYTHONUNBUFFERED=1 python3 bench/decode_compare.py --lib $BUILD/libflashattn.so --json "$OUT/decode.json" \
           ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" || status=1
       fi
+      ;;
+    bars)
+      # Every open issue's bar points in one pass (about 6 minutes on an H200): the default paths
+      # and the portable ones forced, forward and backward, 3 rounds each, then decoding;
+      # bench/bars.py reads the three JSON files and says which points clear their bars.
+      lib=$BUILD/libflashattn.so
+      PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --lib $lib --modes fwd,bwd --rounds 3 --json "$OUT/hopper.json" \
+        > "$OUT/hopper.log" 2>&1 || status=1
+      FLASHATTN_GPU_FORWARD=portable FLASHATTN_GPU_BACKWARD=portable PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py \
+        --lib $lib --modes fwd,bwd --s 2048,4096,8192,16384 --rounds 3 --json "$OUT/portable.json" \
+        > "$OUT/portable.log" 2>&1 || status=1
+      PYTHONUNBUFFERED=1 python3 bench/decode_compare.py --lib $lib --json "$OUT/decode.json" \
+        > "$OUT/decode.log" 2>&1 || status=1
+      python3 bench/bars.py --hopper "$OUT/hopper.json" --portable "$OUT/portable.json" --decode "$OUT/decode.json" |
+        tee "$OUT/bars.txt" | grep -E "^device|^WARNING|^#[0-9]+:|BELOW|NOT MEASURED"
       ;;
     sweep)
       # Every (sweep, head dim) binary compiles in parallel; they then run one after another.
