@@ -24,10 +24,12 @@ def _view(t: Tensor, name: str):
     if code is None:
         raise ValueError(f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32, float64; "
                          "torch.int32 for cu_seqlens, cache_seqlens and block_table)")
-    if t.device.type == "cuda":
-        device, index = _C.CUDA, t.device.index
-    elif t.device.type == "cpu":
+    # is_cpu / is_cuda and get_device() rather than t.device, which builds an object per call (a
+    # decode step makes nine views).
+    if t.is_cpu:
         device, index = _C.CPU, 0
+    elif t.is_cuda:
+        device, index = _C.CUDA, t.get_device()
     else:
         raise ValueError(f"{name}: device {t.device} is not supported (cpu or cuda)")
     return _C.View.raw(t.data_ptr(), code, device, index, t.shape, t.stride())
@@ -200,8 +202,9 @@ def decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_s
         # A cache too small for the new tokens (room < 0) is reported by the length checks.
         plan = _C.plan_decode(*args, **opts, max_cache_seqlen=max(room, 0))
         _plans[key] = plan
-    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
-    _C.decode(*args, **opts, plan=plan, workspace=workspace.data_ptr())
+    # The CPU path needs no workspace (the plan asks for none there).
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device) if plan.workspace_bytes else None
+    _C.decode(*args, **opts, plan=plan, workspace=workspace.data_ptr() if workspace is not None else 0)
     return out, lse
 
 

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 
 #include "core/block_range.h"
 #include "core/numeric.h"
@@ -200,29 +201,48 @@ struct PackedTile {
 
 // Decoding's few query rows (kernel_impl.h's *_rows kernels): q and o~ row-major in the workspace's
 // qt and ot ([rows][d]), the key tile's K and V rows wherever they lie, of dtype t (T's own, or
-// 16-bit, widened as the kernels load them). attend_tiles hands a tile rows rounded out to whole
-// vectors; only the real ones are computed, and the padded columns of the score tile are zeroed,
-// so the softmax pass over whole vectors reads no stale values.
+// 16-bit, widened as the kernels load them), and the scores row-major in st ([rows][ld], keys in
+// the vector lanes: with 4 rows, the query-minor layout would leave three quarters of each vector
+// idle in the softmax). attend_tiles hands a tile rows rounded out to whole vectors; only the real
+// ones are computed. The tile applies its softcap and mask itself (masked_scores), in its layout.
 template <class T>
 struct RowTile {
+  static constexpr bool kScoresRowMajor = true;
   const void* const* k;
   const void* const* v;
   DType t;
   static int64_t real_rows(const Workspace<T>& ws, int64_t i0, int64_t rows) {
     return ws.rows - i0 < rows ? ws.rows - i0 : rows;
   }
-  void scores(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
-    const int64_t real = real_rows(ws, i0, rows);
-    T* st = ws.st.get() + i0;
-    kern.scores_rows(k, t, nk, ws.qt.get() + i0 * ws.d, ws.d, real, ws.mpad, st);
-    for (int64_t j = 0; j < nk; ++j)
-      for (int64_t i = real; i < rows; ++i) st[j * ws.mpad + i] = T(0);
+  static int64_t ld(const Workspace<T>& ws, const TileKernels<T>& kern) {
+    return ceil_div(ws.block_n, kern.row_align) * kern.row_align;
+  }
+  // S for keys [k0, k0 + nk), capped, masked (when the tile needs it: keys outside a row's [lo, hi)
+  // get -inf), and -inf past nk up to the next whole vector, as softmax_rows reads them.
+  void masked_scores(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t k0, int64_t nk,
+                     int64_t i0, int64_t rows, bool masked) const {
+    const int64_t real = real_rows(ws, i0, rows), lds = ld(ws, kern);
+    const int64_t n = ceil_div(nk, kern.row_align) * kern.row_align;
+    T* s = ws.st.get() + i0 * lds;
+    kern.scores_rows(k, t, nk, ws.qt.get() + i0 * ws.d, ws.d, real, lds, s);
+    for (int64_t i = 0; i < real; ++i) {
+      T* row = s + i * lds;
+      if (cfg.softcap != T(0)) kern.softcap(row, n, cfg.softcap, cfg.tanh_scale);
+      if (masked) {
+        const int64_t lo = ws.lo[i0 + i] - k0, hi = ws.hi[i0 + i] - k0;
+        for (int64_t j = 0; j < nk; ++j)
+          if (j < lo || j >= hi) row[j] = core::neg_inf<T>();
+      }
+      for (int64_t j = nk; j < n; ++j) row[j] = core::neg_inf<T>();
+    }
   }
   void softmax(Workspace<T>& ws, const TileKernels<T>& kern, T c, int64_t nk, int64_t i0, int64_t rows) const {
-    kern.softmax(ws.st.get() + i0, nk, rows, ws.mpad, c, ws.m + i0, ws.l + i0, ws.f + i0);
+    const int64_t lds = ld(ws, kern);
+    kern.softmax_rows(ws.st.get() + i0 * lds, nk, real_rows(ws, i0, rows), lds, c, ws.m + i0, ws.l + i0, ws.f + i0);
   }
   void accumulate(Workspace<T>& ws, const TileKernels<T>& kern, int64_t nk, int64_t i0, int64_t rows) const {
-    kern.accumulate_rows(v, t, nk, ws.st.get() + i0, real_rows(ws, i0, rows), ws.mpad, ws.d, ws.f + i0,
+    const int64_t lds = ld(ws, kern);
+    kern.accumulate_rows(v, t, nk, ws.st.get() + i0 * lds, real_rows(ws, i0, rows), lds, ws.d, ws.f + i0,
                          ws.ot.get() + i0 * ws.d);
   }
 };
@@ -299,11 +319,15 @@ void attend_tiles(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig
     }
     const int64_t rows = i1 - i0;
     const auto tile = tiles(k0, nk);
-    T* st = ws.st.get() + i0;
-    tile.scores(ws, kern, nk, i0, rows);
-    if (cfg.softcap != T(0))
-      for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap, cfg.tanh_scale);
-    if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
+    if constexpr (requires { decltype(tile)::kScoresRowMajor; }) {
+      tile.masked_scores(ws, kern, cfg, k0, nk, i0, rows, range.needs_mask(n));
+    } else {
+      T* st = ws.st.get() + i0;
+      tile.scores(ws, kern, nk, i0, rows);
+      if (cfg.softcap != T(0))
+        for (int64_t j = 0; j < nk; ++j) kern.softcap(st + j * mpad, rows, cfg.softcap, cfg.tanh_scale);
+      if (range.needs_mask(n)) apply_mask(ws, k0, nk, i0, i1 < ws.rows ? i1 : ws.rows);
+    }
     tile.softmax(ws, kern, cfg.exp2_scale, nk, i0, rows);
     tile.accumulate(ws, kern, nk, i0, rows);
   }
@@ -336,6 +360,21 @@ void store_value(void* base, DType t, int64_t i, T v) {
     case DType::f32: static_cast<float*>(base)[i] = float(v); break;
     default: static_cast<double*>(base)[i] = double(v); break;
   }
+}
+
+// finish_row into the contiguous row dst of dtype t. A row-major o~ (begin_rows) going to a 16-bit
+// row is narrowed in whole vectors (kern.narrow: the values of store_value's rounding): element by
+// element, the conversion took most of a decode step over a short cache.
+template <class T>
+T finish_row_to(const Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t i, void* dst,
+                DType t) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (ws.row_major && (t == DType::bf16 || t == DType::f16)) {
+      kern.narrow(ws.ot.get() + i * ws.d, core::finalize_scale(ws.l[i]), t, dst, ws.d);
+      return row_lse(ws, cfg, i);
+    }
+  }
+  return finish_row(ws, cfg, i, [&](int64_t x, T v) { store_value(dst, t, x, v); });
 }
 
 }  // namespace flashattn::cpu

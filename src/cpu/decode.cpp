@@ -355,7 +355,7 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
           part_lse[size_t(at)] = finish_row(ws, cfg, i, [&](int64_t x, T val) { o[x] = val; });
         } else {
           char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i));
-          T lse = finish_row(ws, cfg, i, [&](int64_t x, T val) { store_value(o, p.dtype, x, val); });
+          T lse = finish_row_to(ws, kern, cfg, i, o, p.dtype);
           if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(hk, i)), lse);
         }
       }

@@ -216,57 +216,146 @@ void prefetch_row(const E* r, int64_t d) {
 }
 constexpr int64_t kPrefetchRows = 8;
 
-// ST[j][i] = q_i . k_j for j < nk, i < rows: per key, four rows' products over the lanes, then the
-// four lane sums together (V::sum4); head dims past the last whole vector add lane by lane.
+// S[i][j] = q_i . k_j for i < rows, j < nk, row-major (rows ld apart): blocks of four rows by
+// kKeys keys, whose rows' products over the lanes share each load of q (kKeys key rows, widened as
+// they load, against four q rows per step: 16 accumulators on AVX-512's 32 registers, 8 on AVX2's
+// 16), then each key's four lane sums together (V::sum4); head dims past the last whole vector add
+// lane by lane.
 template <class V, class Rows>
-void scores_rows_from(const void* const* k, int64_t nk, const typename V::T* q, int64_t d, int64_t rows, int64_t mpad,
-                      typename V::T* st) {
+void scores_rows_from(const void* const* k, int64_t nk, const typename V::T* q, int64_t d, int64_t rows, int64_t ld,
+                      typename V::T* s) {
   using T = typename V::T;
   using reg = typename V::reg;
+  using E = typename Rows::E;
+  constexpr int kKeys = V::W >= 16 ? 4 : 2;
   const int64_t dv = d / V::W * V::W;
   for (int64_t i0 = 0; i0 < rows; i0 += 4) {
     const int64_t nr = min_i64(4, rows - i0);
-    const T* q0 = q + i0 * d;
-    // Rows past the tile's own repeat its first, so the loop stays branch-free; their sums are dropped.
-    const T* q1 = nr > 1 ? q0 + d : q0;
-    const T* q2 = nr > 2 ? q0 + 2 * d : q0;
-    const T* q3 = nr > 3 ? q0 + 3 * d : q0;
-    for (int64_t j = 0; j < nk; ++j) {
-      const auto* kj = static_cast<const typename Rows::E*>(k[j]);
-      if (i0 == 0 && j + kPrefetchRows < nk)
-        prefetch_row(static_cast<const typename Rows::E*>(k[j + kPrefetchRows]), d);
-      reg a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t x = 0; x < dv; x += V::W) {
-        const reg kv = Rows::load(kj + x);
-        a0 = V::fma(kv, V::load(q0 + x), a0);
-        a1 = V::fma(kv, V::load(q1 + x), a1);
-        a2 = V::fma(kv, V::load(q2 + x), a2);
-        a3 = V::fma(kv, V::load(q3 + x), a3);
+    // Rows past the block's own repeat its first, so the loop stays branch-free; their sums are dropped.
+    const T* qr[4];
+    for (int r = 0; r < 4; ++r) qr[r] = q + (i0 + (r < nr ? r : 0)) * d;
+    for (int64_t j0 = 0; j0 < nk; j0 += kKeys) {
+      const int64_t nj = min_i64(kKeys, nk - j0);
+      const E* kr[kKeys];
+      const char* ahead[kKeys];  // the rows kPrefetchRows on (or these again, past the last)
+      for (int c = 0; c < kKeys; ++c) {
+        kr[c] = static_cast<const E*>(k[j0 + (c < nj ? c : 0)]);
+        const int64_t j = j0 + kPrefetchRows + c;
+        ahead[c] = reinterpret_cast<const char*>(i0 == 0 && j < nk ? static_cast<const E*>(k[j]) : kr[c]);
       }
-      alignas(64) T s[4];
-      V::sum4(a0, a1, a2, a3, s);
-      if (dv < d) {
-        alignas(64) T kt[kMaxTailDims];
-        Rows::widen(kj + dv, d - dv, kt);
-        for (int64_t x = dv; x < d; ++x) {
-          s[0] += kt[x - dv] * q0[x];
-          s[1] += kt[x - dv] * q1[x];
-          s[2] += kt[x - dv] * q2[x];
-          s[3] += kt[x - dv] * q3[x];
+      reg acc[kKeys][4];
+      for (int c = 0; c < kKeys; ++c)
+        for (int r = 0; r < 4; ++r) acc[c][r] = V::zero();
+      for (int64_t x = 0; x < dv; x += V::W) {
+        // The rows ahead are asked for a line per step, spread over the products: a burst of
+        // them at the block's start filled the line buffers and stalled the loads.
+        if ((x * int64_t(sizeof(E))) % 64 == 0)
+          for (int c = 0; c < kKeys; ++c) __builtin_prefetch(ahead[c] + x * int64_t(sizeof(E)));
+        reg kv[kKeys];
+        for (int c = 0; c < kKeys; ++c) kv[c] = Rows::load(kr[c] + x);
+        for (int r = 0; r < 4; ++r) {
+          const reg qv = V::load(qr[r] + x);
+          for (int c = 0; c < kKeys; ++c) acc[c][r] = V::fma(kv[c], qv, acc[c][r]);
         }
       }
-      for (int64_t r = 0; r < nr; ++r) st[j * mpad + i0 + r] = s[r];
+      // Every key of the block is reduced (a fixed count keeps the accumulators in registers); the
+      // repeated ones are dropped.
+      alignas(64) T sum[kKeys][4];
+      for (int c = 0; c < kKeys; ++c) V::sum4(acc[c][0], acc[c][1], acc[c][2], acc[c][3], sum[c]);
+      for (int c = 0; c < nj; ++c) {
+        if (dv < d) {
+          alignas(64) T kt[kMaxTailDims] = {};
+          Rows::widen(kr[c] + dv, d - dv, kt);
+          for (int r = 0; r < 4; ++r)
+            for (int64_t x = dv; x < d; ++x) sum[c][r] += kt[x - dv] * qr[r][x];
+        }
+        for (int64_t r = 0; r < nr; ++r) s[(i0 + r) * ld + j0 + c] = sum[c][r];
+      }
     }
   }
 }
 
-// o_i = f_i o_i + sum_j PT[j][i] v_j for i < rows, over blocks of up to four vectors of the head
-// dimension (four rows x four vectors of accumulators), then lane by lane past the last whole vector.
-template <class V, class Rows>
-void accumulate_rows_from(const void* const* v, int64_t nk, const typename V::T* pt, int64_t rows, int64_t mpad,
-                          int64_t d, const typename V::T* f, typename V::T* o) {
+// One online-softmax step of the row-major tile S[i][j] (i < rows, j < nk; entries past nk up to
+// the next whole vector hold -inf): the update of softmax() below, row by row with the keys in the
+// lanes, so that a few rows use whole vectors. P~ replaces S (0 past nk).
+template <class V>
+void softmax_rows(typename V::T* s, int64_t nk, int64_t rows, int64_t ld, typename V::T c, typename V::T* m,
+                  typename V::T* l, typename V::T* f) {
   using T = typename V::T;
   using reg = typename V::reg;
+  const int64_t n = (nk + V::W - 1) / V::W * V::W;
+  const reg cv = V::set1(c);
+  alignas(64) T lanes[V::W];
+  for (int64_t i = 0; i < rows; ++i) {
+    T* row = s + i * ld;
+    reg mx = V::set1(m[i]);
+    for (int64_t j = 0; j < n; j += V::W) mx = V::max(V::load(row + j), mx);  // a NaN score is passed over, as there
+    V::store(lanes, mx);
+    T m_new = lanes[0];
+    for (int w = 1; w < V::W; ++w) m_new = lanes[w] > m_new ? lanes[w] : m_new;
+    const reg b = V::exponent_base(V::set1(m_new));  // 0 while the row has seen only -inf
+    V::store(lanes, V::exp2(V::mul(V::sub(V::set1(m[i]), b), cv)));
+    f[i] = lanes[0];
+    m[i] = m_new;
+    reg sum = V::zero();
+    for (int64_t j = 0; j < n; j += V::W) {
+      const reg p = V::exp2(V::mul(V::sub(V::load(row + j), b), cv));
+      V::store(row + j, p);
+      sum = V::add(sum, p);
+    }
+    V::store(lanes, sum);
+    T total = 0;
+    for (int w = 0; w < V::W; ++w) total += lanes[w];
+    l[i] = l[i] * f[i] + total;
+  }
+}
+
+// o_i = f_i o_i + sum_j P[i][j] v_j for NR rows from i0 and NV vectors of the head dim from x0
+// (P row-major, rows ld apart): NR x NV accumulators, the counts fixed so that they stay in
+// registers and the loop has no bounds to test.
+template <class V, class Rows, int NR, int NV>
+void accumulate_rows_block(const void* const* v, int64_t nk, const typename V::T* p, int64_t ld, int64_t d,
+                           const typename V::T* f, typename V::T* o, int64_t i0, int64_t x0, bool prefetch) {
+  using reg = typename V::reg;
+  using E = typename Rows::E;
+  reg acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = V::mul(V::load(o + (i0 + r) * d + x0 + c * V::W), V::set1(f[i0 + r]));
+  for (int64_t j = 0; j < nk; ++j) {
+    const E* vj = static_cast<const E*>(v[j]) + x0;
+    if (prefetch && j + kPrefetchRows < nk) prefetch_row(static_cast<const E*>(v[j + kPrefetchRows]), d);
+    reg pr[NR];
+    for (int r = 0; r < NR; ++r) pr[r] = V::set1(p[(i0 + r) * ld + j]);
+    for (int c = 0; c < NV; ++c) {
+      const reg vv = Rows::load(vj + c * V::W);
+      for (int r = 0; r < NR; ++r) acc[r][c] = V::fma(pr[r], vv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) V::store(o + (i0 + r) * d + x0 + c * V::W, acc[r][c]);
+}
+
+// Picks accumulate_rows_block's counts at run time (nr <= NR rows, nv <= NV vectors).
+template <class V, class Rows, int NR, int NV>
+void accumulate_rows_dispatch(int nr, int nv, const void* const* v, int64_t nk, const typename V::T* p, int64_t ld,
+                              int64_t d, const typename V::T* f, typename V::T* o, int64_t i0, int64_t x0,
+                              bool prefetch) {
+  if constexpr (NR > 1) {
+    if (nr < NR) return accumulate_rows_dispatch<V, Rows, NR - 1, NV>(nr, nv, v, nk, p, ld, d, f, o, i0, x0, prefetch);
+  }
+  if constexpr (NV > 1) {
+    if (nv < NV) return accumulate_rows_dispatch<V, Rows, NR, NV - 1>(nr, nv, v, nk, p, ld, d, f, o, i0, x0, prefetch);
+  }
+  accumulate_rows_block<V, Rows, NR, NV>(v, nk, p, ld, d, f, o, i0, x0, prefetch);
+}
+
+// o_i = f_i o_i + sum_j P[i][j] v_j for i < rows (P row-major, rows ld apart), over blocks of up
+// to four rows and four vectors of the head dimension, then lane by lane past the last whole
+// vector. Each block's pass over the keys prefetches the value rows ahead once (the first block).
+template <class V, class Rows>
+void accumulate_rows_from(const void* const* v, int64_t nk, const typename V::T* p, int64_t rows, int64_t ld,
+                          int64_t d, const typename V::T* f, typename V::T* o) {
+  using T = typename V::T;
   using E = typename Rows::E;
   constexpr int kVecs = 4;
   const int64_t dv = d / V::W * V::W;
@@ -274,29 +363,16 @@ void accumulate_rows_from(const void* const* v, int64_t nk, const typename V::T*
     const int nr = int(min_i64(4, rows - i0));
     for (int64_t x0 = 0; x0 < dv; x0 += kVecs * V::W) {
       const int nv = int(min_i64(kVecs, (dv - x0) / V::W));
-      reg acc[4][kVecs];
-      for (int r = 0; r < nr; ++r)
-        for (int c = 0; c < nv; ++c) acc[r][c] = V::mul(V::load(o + (i0 + r) * d + x0 + c * V::W), V::set1(f[i0 + r]));
-      for (int64_t j = 0; j < nk; ++j) {
-        const E* vj = static_cast<const E*>(v[j]) + x0;
-        if (i0 == 0 && x0 == 0 && j + kPrefetchRows < nk) prefetch_row(static_cast<const E*>(v[j + kPrefetchRows]), d);
-        const T* p = pt + j * mpad + i0;
-        for (int c = 0; c < nv; ++c) {
-          const reg vv = Rows::load(vj + c * V::W);
-          for (int r = 0; r < nr; ++r) acc[r][c] = V::fma(V::set1(p[r]), vv, acc[r][c]);
-        }
-      }
-      for (int r = 0; r < nr; ++r)
-        for (int c = 0; c < nv; ++c) V::store(o + (i0 + r) * d + x0 + c * V::W, acc[r][c]);
+      accumulate_rows_dispatch<V, Rows, 4, kVecs>(nr, nv, v, nk, p, ld, d, f, o, i0, x0, i0 == 0 && x0 == 0);
     }
     if (dv < d) {
       for (int r = 0; r < nr; ++r)
         for (int64_t x = dv; x < d; ++x) o[(i0 + r) * d + x] *= f[i0 + r];
       for (int64_t j = 0; j < nk; ++j) {
-        alignas(64) T vt[kMaxTailDims];
+        alignas(64) T vt[kMaxTailDims] = {};
         Rows::widen(static_cast<const E*>(v[j]) + dv, d - dv, vt);
         for (int r = 0; r < nr; ++r)
-          for (int64_t x = dv; x < d; ++x) o[(i0 + r) * d + x] += pt[j * mpad + i0 + r] * vt[x - dv];
+          for (int64_t x = dv; x < d; ++x) o[(i0 + r) * d + x] += p[(i0 + r) * ld + j] * vt[x - dv];
       }
     }
   }
@@ -305,17 +381,17 @@ void accumulate_rows_from(const void* const* v, int64_t nk, const typename V::T*
 // The row type picks the loader: f16 and bf16 rows widen as they load; other rows are of type T.
 template <class V>
 void scores_rows(const void* const* k, DType t, int64_t nk, const typename V::T* q, int64_t d, int64_t rows,
-                 int64_t mpad, typename V::T* st) {
-  if (t == DType::f16) return scores_rows_from<V, HalfRows<V, DType::f16>>(k, nk, q, d, rows, mpad, st);
-  if (t == DType::bf16) return scores_rows_from<V, HalfRows<V, DType::bf16>>(k, nk, q, d, rows, mpad, st);
-  scores_rows_from<V, OwnRows<V>>(k, nk, q, d, rows, mpad, st);
+                 int64_t ld, typename V::T* s) {
+  if (t == DType::f16) return scores_rows_from<V, HalfRows<V, DType::f16>>(k, nk, q, d, rows, ld, s);
+  if (t == DType::bf16) return scores_rows_from<V, HalfRows<V, DType::bf16>>(k, nk, q, d, rows, ld, s);
+  scores_rows_from<V, OwnRows<V>>(k, nk, q, d, rows, ld, s);
 }
 template <class V>
-void accumulate_rows(const void* const* v, DType t, int64_t nk, const typename V::T* pt, int64_t rows, int64_t mpad,
+void accumulate_rows(const void* const* v, DType t, int64_t nk, const typename V::T* p, int64_t rows, int64_t ld,
                      int64_t d, const typename V::T* f, typename V::T* o) {
-  if (t == DType::f16) return accumulate_rows_from<V, HalfRows<V, DType::f16>>(v, nk, pt, rows, mpad, d, f, o);
-  if (t == DType::bf16) return accumulate_rows_from<V, HalfRows<V, DType::bf16>>(v, nk, pt, rows, mpad, d, f, o);
-  accumulate_rows_from<V, OwnRows<V>>(v, nk, pt, rows, mpad, d, f, o);
+  if (t == DType::f16) return accumulate_rows_from<V, HalfRows<V, DType::f16>>(v, nk, p, rows, ld, d, f, o);
+  if (t == DType::bf16) return accumulate_rows_from<V, HalfRows<V, DType::bf16>>(v, nk, p, rows, ld, d, f, o);
+  accumulate_rows_from<V, OwnRows<V>>(v, nk, p, rows, ld, d, f, o);
 }
 
 // ---- online softmax over a tile ----------------------------------------------------------------
@@ -373,6 +449,7 @@ TileKernels<typename V::T> make_kernels(KernelLevel level) {
   t.softmax = &softmax<V>;
   t.accumulate = &accumulate<V>;
   t.scores_rows = &scores_rows<V>;
+  t.softmax_rows = &softmax_rows<V>;
   t.accumulate_rows = &accumulate_rows<V>;
   t.widen = &V::widen;
   t.narrow = &V::narrow;

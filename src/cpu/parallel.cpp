@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -38,6 +39,13 @@ thread_local bool t_in_job = false;
 // finds the pool busy (another user thread, or a nested call from inside a job) starts its own
 // threads instead, as does one that wants more workers than the pool has.
 //
+// Between jobs a thread spins for kSpin, yielding its core to any other runnable thread, before it
+// sleeps on the condition variable, and a caller waiting for its job's threads spins as long
+// before it sleeps (OpenMP runtimes do the same): on a 2-core VM a sleeping thread took tens of
+// microseconds to join a job once the caller had done a few microseconds of its own work between
+// calls, which a decode step over a short cache paid on every call through Python
+// (bench/results/cpu_decode_session43_2026-12-05.txt).
+//
 // A job wakes only the workers - 1 threads it wants and waits only for those that joined it, not
 // for every thread of the pool: a short job (a decode step over a short cache takes one or two
 // workers, decode.cpp) on a many-core machine would otherwise wait for the slowest of all the
@@ -63,7 +71,7 @@ class Pool {
       body_ = &body;
       workers_ = workers;
       next_id_ = 1;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     for (int i = 1; i < workers; ++i) wake_.notify_one();
     t_in_job = true;
@@ -71,38 +79,57 @@ class Pool {
     t_in_job = false;
     std::unique_lock<std::mutex> lock(m_);
     body_ = nullptr;  // closed
-    done_.wait(lock, [this] { return active_ == 0; });
+    if (active_.load(std::memory_order_acquire) != 0) {
+      lock.unlock();
+      spin_while([this] { return active_.load(std::memory_order_acquire) != 0; });
+      lock.lock();
+    }
+    done_.wait(lock, [this] { return active_.load(std::memory_order_acquire) == 0; });
     return true;
   }
 
  private:
+  static constexpr std::chrono::microseconds kSpin{200};
+
+  // Spins while busy() holds, for at most kSpin.
+  template <class Busy>
+  static void spin_while(const Busy& busy) {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    while (busy() && std::chrono::steady_clock::now() < until) sched_yield();
+  }
+
   void loop() {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(m_);
     for (;;) {
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
+      if (generation_.load(std::memory_order_relaxed) == seen) {
+        lock.unlock();
+        spin_while([&] { return generation_.load(std::memory_order_acquire) == seen; });
+        lock.lock();
+      }
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+      seen = generation_.load(std::memory_order_relaxed);
       if (body_ == nullptr || next_id_ >= workers_) continue;  // closed, or every worker taken
       const std::function<void(int)>* body = body_;
       const int id = next_id_++;
-      ++active_;
+      active_.fetch_add(1, std::memory_order_relaxed);
       lock.unlock();
       t_in_job = true;
       (*body)(id);
       t_in_job = false;
       lock.lock();
-      if (--active_ == 0) done_.notify_one();
+      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_.notify_one();
     }
   }
 
   std::mutex busy_;  // held by the caller of the running job
-  std::mutex m_;     // guards everything below
+  std::mutex m_;     // guards everything below (the atomics are written under it, read while spinning)
   std::condition_variable wake_, done_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};
   const std::function<void(int)>* body_ = nullptr;  // the open job, or null
   int workers_ = 0;
   int next_id_ = 1;
-  int active_ = 0;  // threads that joined the current job and are not done with it
+  std::atomic<int> active_{0};  // threads that joined the current job and are not done with it
   std::vector<std::thread> threads_;
 };
 

@@ -15,7 +15,7 @@
 // kernel works on `rows` columns (a multiple of row_align) starting where its pointers point, so a
 // key tile that only some rows can see is computed for those rows alone.
 // The *_rows kernels are decoding's exception: for tiles of a few rows they put the head dimension
-// in the lanes, with q and o~ row-major, and take the key rows by pointer.
+// in the lanes, with q and o~ row-major and the scores S[row][key], and take the key rows by pointer.
 //
 // Level selection: the best level the CPU supports (cpuid and xgetbv, once), capped by the
 // environment variable FLASHATTN_CPU_KERNEL=portable|avx2|avx512|amx when it is set (read at each
@@ -53,13 +53,16 @@ struct TileKernels {
   // and OT rows mpad apart.
   void (*accumulate)(const T* v, int64_t ldv, int64_t nk, const T* pt, int64_t rows, int64_t mpad, int64_t d,
                      const T* f, T* ot);
-  // The same two products for a few query rows with the head dim in the vector lanes (decoding;
+  // The same step for a few query rows with the head dim in the vector lanes (decoding;
   // kernel_impl.h): q and o row-major, rows d apart; the key rows k[j], v[j] anywhere, of type t
-  // (T's own, or f16 / bf16, widened as they load).
-  void (*scores_rows)(const void* const* k, DType t, int64_t nk, const T* q, int64_t d, int64_t rows, int64_t mpad,
-                      T* st);
-  void (*accumulate_rows)(const void* const* v, DType t, int64_t nk, const T* pt, int64_t rows, int64_t mpad,
-                          int64_t d, const T* f, T* o);
+  // (T's own, or f16 / bf16, widened as they load); the score tile S row-major, [rows][ld] (ld a
+  // multiple of row_align), so that its softmax runs with the keys in the lanes. softmax_rows reads
+  // whole vectors: S past nk up to the next one must hold -inf.
+  void (*scores_rows)(const void* const* k, DType t, int64_t nk, const T* q, int64_t d, int64_t rows, int64_t ld,
+                      T* s);
+  void (*softmax_rows)(T* s, int64_t nk, int64_t rows, int64_t ld, T c, T* m, T* l, T* f);
+  void (*accumulate_rows)(const void* const* v, DType t, int64_t nk, const T* p, int64_t rows, int64_t ld, int64_t d,
+                          const T* f, T* o);
   // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
   void (*widen)(const void* src, DType t, T* dst, int64_t n);
   // dst[0, n) = mul * src rounded to nearest even into f16 or bf16: the values of core::to_half and
