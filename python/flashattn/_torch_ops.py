@@ -41,7 +41,7 @@ def _opt(t: Optional[Tensor], name: str):
 
 def _launch(t: Tensor):
     """num_threads and stream for work on t's device: torch's CPU thread count, or its current stream."""
-    if t.device.type == "cuda":
+    if t.is_cuda:
         return {"num_threads": 0, "stream": torch.cuda.current_stream(t.device).cuda_stream}
     return {"num_threads": torch.get_num_threads(), "stream": 0}
 
@@ -174,7 +174,7 @@ atexit.register(_plans.clear)
 
 def _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits):
     # What the plan's shape check and split choice depend on (the masks bound the keys a split sees).
-    return (q.device.index, q.dtype, tuple(q.shape), tuple(k_cache.shape),
+    return (q.get_device(), q.dtype, tuple(q.shape), tuple(k_cache.shape),
             None if block_table is None else tuple(block_table.shape), k is not None, causal, window_left,
             window_right, num_splits)
 
@@ -183,20 +183,23 @@ def decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_s
                 window_right, softcap, num_splits):
     """What both KV-cache operators run (k, v None: no append); flash_attn_with_kvcache calls it
     directly where no dispatch is needed."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(q.shape, ...)
     lse = torch.empty(_decode_lse_shape(q), dtype=_lse_dtype(q.dtype), device=q.device)
     args = (_view(q, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"), _opt(block_table, "block_table"),
             _view(cache_seqlens, "cache_seqlens"), _opt(k, "k"), _opt(v, "v"), _view(out, "out"), _view(lse, "lse"))
     opts = dict(num_splits=num_splits, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
                 window_right=window_right, softcap=softcap, **_launch(q))
     key = _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits)
-    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    # A CPU step validates its indices on the host when it runs, whatever the plan, so a plan made
+    # for the same shapes serves again there.
+    plan = _plans.get(key) if q.is_cpu else None
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
         plan = _plans.get(key)
         if plan is None:
             raise RuntimeError("flash_attn_with_kvcache: capturing a step of shape q "
                                f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)} needs an eager call with the same "
                                "shapes first (the warm-up that torch.cuda.graph asks for), which plans it on the host")
-    else:
+    elif plan is None:
         room = (k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
                 - (q.shape[1] if k is not None else 0))
         # A cache too small for the new tokens (room < 0) is reported by the length checks.
