@@ -289,7 +289,8 @@ void softmax_rows(typename V::T* s, int64_t nk, int64_t rows, int64_t ld, typena
   for (int64_t i = 0; i < rows; ++i) {
     T* row = s + i * ld;
     reg mx = V::set1(m[i]);
-    for (int64_t j = 0; j < n; j += V::W) mx = V::max(V::load(row + j), mx);  // a NaN score is passed over, as there
+    // V::max returns its second operand for NaN: a NaN score is passed over here, as in softmax().
+    for (int64_t j = 0; j < n; j += V::W) mx = V::max(V::load(row + j), mx);
     V::store(lanes, mx);
     T m_new = lanes[0];
     for (int w = 1; w < V::W; ++w) m_new = lanes[w] > m_new ? lanes[w] : m_new;
