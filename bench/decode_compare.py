@@ -185,9 +185,10 @@ def main():
             torch.cuda.empty_cache()
         del q, k, v, qt, kt, vt, lens, ref
         torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(res, fh, indent=1)
+        # Rewritten after every row, so that a run cut short keeps what it measured.
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(res, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -142,9 +142,11 @@ def main():
         print(line, flush=True)
         del q, k, v, out, lse, qt, kt, vt
         torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
+        # Rewritten after every shape, so that a run cut short (a device call's time limit) keeps its rows.
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh,
+                          indent=1)
 
 
 if __name__ == "__main__":
