@@ -51,6 +51,9 @@ def _undispatched(*tensors):
 
 
 def _window(window_size):
+    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int and \
+            type(window_size[1]) is int:
+        return window_size  # the usual call, without the numbers.Integral checks (an ABC test per value)
     try:
         left, right = window_size
     except (TypeError, ValueError):
