@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
@@ -26,6 +27,19 @@ struct Ring {
   int64_t batch, ranks, chunk, heads_q, heads_kv, d;
   int64_t seqlen() const { return ranks * chunk; }
   int64_t rows() const { return batch * chunk * heads_q; }  // query rows of one rank
+};
+
+// The whole problem's inputs, q, k, v and dout [batch, seqlen, heads, d], of normal values.
+struct Inputs {
+  HostTensor q, k, v, dout;
+  Inputs(DType t, const Ring& r, uint32_t seed)
+      : q(t, {r.batch, r.seqlen(), r.heads_q, r.d}),
+        k(t, {r.batch, r.seqlen(), r.heads_kv, r.d}),
+        v(t, {r.batch, r.seqlen(), r.heads_kv, r.d}),
+        dout(t, {r.batch, r.seqlen(), r.heads_q, r.d}) {
+    std::mt19937 rng(seed);
+    for (HostTensor* x : {&q, &k, &v, &dout}) x->fill_normal(rng);
+  }
 };
 
 // Tokens [start, start + len) of a [batch, seqlen, heads, d] view: the same strides, fewer tokens.
@@ -169,8 +183,8 @@ struct Full {
   flashattn::reference::Output ref, plain;
   flashattn::reference::Grads gref, gplain;
 };
-inline Full full_problem(const Ring& r, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                         const HostTensor& dout, flashattn::AttnOptions opts) {
+inline Full full_problem(const Ring& r, const Inputs& in, flashattn::AttnOptions opts) {
+  const HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   namespace reference = flashattn::reference;
   const DType t = q.view.dtype;
   const int64_t s = r.seqlen();

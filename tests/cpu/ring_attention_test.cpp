@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,14 +24,7 @@ class RingAttention : public ::testing::TestWithParam<Params> {};
 TEST_P(RingAttention, ComposesToFullAttentionAndGradients) {
   const auto [t, causal, softcap] = GetParam();
   const Ring r{2, 3, 23, 4, 2, 32};  // an odd chunk, GQA 2:1
-  const int64_t s = r.seqlen();
-  std::mt19937 rng(7);
-  HostTensor q(t, {r.batch, s, r.heads_q, r.d}), k(t, {r.batch, s, r.heads_kv, r.d}),
-      v(t, {r.batch, s, r.heads_kv, r.d}), dout(t, {r.batch, s, r.heads_q, r.d});
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
-  dout.fill_normal(rng);
+  const Inputs in(t, r, 7);
   flashattn::AttnOptions opts;
   opts.softcap = softcap;
 
@@ -40,12 +32,12 @@ TEST_P(RingAttention, ComposesToFullAttentionAndGradients) {
   std::vector<StateViews> views;
   for (int64_t i = 0; i < r.ranks; ++i) state.emplace_back(t, r);
   for (State& st : state) views.push_back({st.o.view, st.lse.view, st.merged.view, st.merged_lse.view});
-  run_forward(r, causal, opts, q.view, k.view, v.view, views,
+  run_forward(r, causal, opts, in.q.view, in.k.view, in.v.view, views,
               [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
 
   flashattn::AttnOptions full_opts = opts;
   full_opts.causal = causal;
-  const Full full = full_problem(r, q, k, v, dout, full_opts);
+  const Full full = full_problem(r, in, full_opts);
   std::vector<double> out(full.ref.out.size()), lse(full.ref.lse.size());
   for (int64_t i = 0; i < r.ranks; ++i)
     gather(r, i, fa_test::values(part_out(state[size_t(i)].o.view, 0, r)),
@@ -55,7 +47,7 @@ TEST_P(RingAttention, ComposesToFullAttentionAndGradients) {
   EXPECT_TRUE(fa_test::within_rule(lse, full.ref.lse, full.plain.lse, lse_dtype(t), 2.0, "ring lse"));
 
   std::vector<double> dq(full.gref.dq.size(), 0.0), dk(full.gref.dk.size(), 0.0), dv(full.gref.dv.size(), 0.0);
-  for_each_backward_pair(r, causal, opts, q.view, k.view, v.view, dout.view, views,
+  for_each_backward_pair(r, causal, opts, in.q.view, in.k.view, in.v.view, in.dout.view, views,
                          [&](int64_t i, int64_t j, flashattn::BackwardArgs& a) {
                            HostTensor pdq(t, {r.batch, r.chunk, r.heads_q, r.d}),
                                pdk(t, {r.batch, r.chunk, r.heads_kv, r.d}), pdv(t, {r.batch, r.chunk, r.heads_kv, r.d});

@@ -5,7 +5,6 @@
 // view into the merge's layout.
 #include <array>
 #include <memory>
-#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -26,19 +25,12 @@ TEST_P(GpuRingAttention, ComposesToFullAttentionAndGradients) {
   const auto [t, d, causal] = GetParam();
   if (skip_unbuilt("fwd", d, t) || skip_unbuilt("bwd", d, t)) return;
   const Ring r{2, 3, 80, 4, 2, d};
-  const int64_t s = r.seqlen();
-  std::mt19937 rng(5);
-  HostTensor q(t, {r.batch, s, r.heads_q, r.d}), k(t, {r.batch, s, r.heads_kv, r.d}),
-      v(t, {r.batch, s, r.heads_kv, r.d}), dout(t, {r.batch, s, r.heads_q, r.d});
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
-  dout.fill_normal(rng);
-  DeviceTensor d_q(q), d_k(k), d_v(v), d_dout(dout);
+  const Inputs in(t, r, 5);
+  DeviceTensor d_q(in.q), d_k(in.k), d_v(in.v), d_dout(in.dout);
   flashattn::AttnOptions opts;
   flashattn::AttnOptions full_opts = opts;
   full_opts.causal = causal;
-  const Full full = full_problem(r, q, k, v, dout, full_opts);
+  const Full full = full_problem(r, in, full_opts);
 
   for (bool portable : {false, true}) {
     SCOPED_TRACE(portable ? "portable paths forced" : "default paths");

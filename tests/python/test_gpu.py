@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
 from reference import ATOL  # noqa: E402
+from ring import ring_attention  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -207,27 +208,13 @@ def test_merge_states():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_ring_attention_autograd(causal):
-    # Ring attention in plain autograd (tests/python/test_torch_cpu.py has the float64 version): the
-    # sequence in 3 chunks, each query chunk's pairs (out, lse) merged; the gradients flow through
-    # merge_states' autograd into each pair's out and lse.
+    # Ring attention in plain autograd (ring.py; test_torch_cpu.py has the float64 version): the
+    # gradients flow through merge_states' autograd into each pair's out and lse.
     dtype, b, c, n, hq, hk, d = torch.bfloat16, 2, 200, 3, 8, 2, 128
     q = torch.randn(b, n * c, hq, d, device=DEV, dtype=dtype, requires_grad=True)
     k, v = (torch.randn(b, n * c, hk, d, device=DEV, dtype=dtype, requires_grad=True) for _ in range(2))
     dout = torch.randn_like(q)
-
-    def ring():
-        outs = []
-        for i in range(n):
-            qi = q[:, i * c:(i + 1) * c]
-            pairs = [flashattn.flash_attn_func(qi, k[:, j * c:(j + 1) * c], v[:, j * c:(j + 1) * c],
-                                               causal=causal and i == j, return_lse=True)
-                     for j in range(n) if not causal or j <= i]
-            o_parts = torch.stack([o.reshape(b * c, hq, d) for o, _ in pairs])
-            lse_parts = torch.stack([lse.transpose(1, 2).reshape(b * c, hq) for _, lse in pairs])
-            outs.append(flashattn.merge_states(o_parts, lse_parts)[0].reshape(b, c, hq, d))
-        return torch.cat(outs, dim=1)
-
-    out = or_skip_unsupported(ring)
+    out = or_skip_unsupported(ring_attention, q, k, v, n, causal)
     ours = or_skip_unsupported(torch.autograd.grad, out, (q, k, v), dout)
     ref64 = standard(q, k, v, causal=causal, dtype=torch.float64)
     plain = standard(q, k, v, causal=causal)

@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
 from reference import assert_rule, attention, max_err, visible  # noqa: E402
+from ring import ring_attention  # noqa: E402
 
 torch.manual_seed(0)
 
@@ -293,24 +294,12 @@ def test_merge_states_gradients():
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ring_attention_autograd(dtype, tol, causal):
-    # Ring attention (context parallelism) in plain autograd: the sequence in 3 chunks; chunk i's
-    # queries attend to each key chunk it may see (under a causal mask the earlier ones whole, its
-    # own causally) and the pairs' (out, lse) are merged. Forward and gradients equal the whole
-    # sequence's: the lse gradient of each pair carries the merge's share.
+    # Ring attention (context parallelism) in plain autograd (ring.py): forward and gradients equal
+    # the whole sequence's; the lse gradient of each pair carries the merge's share.
     b, c, hq, hk, d, n = 2, 13, 4, 2, 32, 3
     q, k, v = (rand(b, n * c, h, d, dtype=dtype, grad=True) for h in (hq, hk, hk))
     dout = rand(b, n * c, hq, d, dtype=dtype)
-    outs = []
-    for i in range(n):
-        qi = q[:, i * c:(i + 1) * c]
-        pairs = [flashattn.flash_attn_func(qi, k[:, j * c:(j + 1) * c], v[:, j * c:(j + 1) * c],
-                                           causal=causal and i == j, return_lse=True)
-                 for j in range(n) if not causal or j <= i]
-        o_parts = torch.stack([o.reshape(b * c, hq, d) for o, _ in pairs])
-        lse_parts = torch.stack([lse.transpose(1, 2).reshape(b * c, hq) for _, lse in pairs])
-        out, _ = flashattn.merge_states(o_parts, lse_parts)
-        outs.append(out.reshape(b, c, hq, d))
-    ring = torch.cat(outs, dim=1)
+    ring = ring_attention(q, k, v, n, causal)
     ring_grads = torch.autograd.grad(ring, (q, k, v), dout)
     full = flashattn.flash_attn_func(q, k, v, causal=causal)
     full_grads = torch.autograd.grad(full, (q, k, v), dout)
