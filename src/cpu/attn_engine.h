@@ -16,6 +16,7 @@
 // (q.k ~ 1e4) lose no precision.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -164,9 +165,12 @@ void begin_tile(Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T
   T* staged = (keys ? keys : &ws)->kt.get();
   for (int64_t r0 = 0; r0 < ws.mpad; r0 += ws.block_n) {
     const int64_t r1 = r0 + ws.block_n < ws.mpad ? r0 + ws.block_n : ws.mpad;
-    for (int64_t i = r0; i < r1 && i < rows; ++i) copy_row(kern, cfg.dtype, q_row(i), staged + (i - r0) * ws.ld, d);
-    for (int64_t x = 0; x < d; ++x)
-      for (int64_t i = r0; i < r1; ++i) qt[x * ws.mpad + i] = i < rows ? staged[(i - r0) * ws.ld + x] : T(0);
+    for (int64_t i = r0; i < r1; ++i) {
+      T* row = staged + (i - r0) * ws.ld;
+      if (i < rows) copy_row(kern, cfg.dtype, q_row(i), row, d);
+      else std::fill(row, row + d, T(0));
+    }
+    kern.transpose(staged, ws.ld, qt + r0, ws.mpad, r1 - r0, d);
   }
 }
 
@@ -340,17 +344,6 @@ T row_lse(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i) {
   return T(core::finalize_lse(double(ws.m[i]) * cfg.lse_scale, double(ws.l[i])));
 }
 
-// Row i's final output o~ / l, written through `store(x, value)`; returns its lse. A row that saw
-// no key gets 0 and -inf (core::finalize_*). o~ is transposed, or row-major after begin_rows.
-template <class T, class Store>
-T finish_row(const Workspace<T>& ws, const TileConfig<T>& cfg, int64_t i, const Store& store) {
-  T scale = core::finalize_scale(ws.l[i]);
-  const T* o = ws.ot.get() + (ws.row_major ? i * ws.d : i);
-  const int64_t step = ws.row_major ? 1 : ws.mpad;
-  for (int64_t x = 0; x < ws.d; ++x) store(x, o[x * step] * scale);
-  return row_lse(ws, cfg, i);
-}
-
 // Writes value v into element i of a tensor of dtype t.
 template <class T>
 void store_value(void* base, DType t, int64_t i, T v) {
@@ -362,19 +355,40 @@ void store_value(void* base, DType t, int64_t i, T v) {
   }
 }
 
-// finish_row into the contiguous row dst of dtype t. A row-major o~ (begin_rows) going to a 16-bit
-// row is narrowed in whole vectors (kern.narrow: the values of store_value's rounding): element by
-// element, the conversion took most of a decode step over a short cache.
+// d values o * scale into dst of dtype t: a 16-bit row narrowed in whole vectors (kern.narrow, the
+// values of store_value's rounding; element by element, the conversion took most of a decode step
+// over a short cache).
 template <class T>
-T finish_row_to(const Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, int64_t i, void* dst,
-                DType t) {
+void store_row(const TileKernels<T>& kern, const T* o, T scale, DType t, void* dst, int64_t d) {
   if constexpr (std::is_same_v<T, float>) {
-    if (ws.row_major && (t == DType::bf16 || t == DType::f16)) {
-      kern.narrow(ws.ot.get() + i * ws.d, core::finalize_scale(ws.l[i]), t, dst, ws.d);
-      return row_lse(ws, cfg, i);
-    }
+    if (t == DType::bf16 || t == DType::f16) return kern.narrow(o, scale, t, dst, d);
   }
-  return finish_row(ws, cfg, i, [&](int64_t x, T v) { store_value(dst, t, x, v); });
+  if (t == DType::f32) {
+    auto* out = static_cast<float*>(dst);
+    for (int64_t x = 0; x < d; ++x) out[x] = float(o[x] * scale);
+    return;
+  }
+  for (int64_t x = 0; x < d; ++x) store_value(dst, t, x, o[x] * scale);
+}
+
+// The query tile's rows out, in order: emit(i, o, scale, lse) with row i's o~ (d values, row-major),
+// its scale 1 / l (core::finalize_scale: a row that saw no key gets 0) and its lse (-inf then). A
+// transposed o~ is turned back 16 rows at a time (kern.transpose's blocks): read a column at a
+// time, element by element, it took a third of a forward over 64 tokens.
+template <class T, class Emit>
+void finish_rows(const Workspace<T>& ws, const TileKernels<T>& kern, const TileConfig<T>& cfg, const Emit& emit) {
+  if (ws.row_major) {
+    for (int64_t i = 0; i < ws.rows; ++i)
+      emit(i, ws.ot.get() + i * ws.d, core::finalize_scale(ws.l[i]), row_lse(ws, cfg, i));
+    return;
+  }
+  constexpr int64_t kChunk = 16;  // a multiple of every level's row_align (mpad's granule)
+  alignas(64) T rows[kChunk * kMaxHeadDim];
+  for (int64_t r0 = 0; r0 < ws.rows; r0 += kChunk) {
+    kern.transpose(ws.ot.get() + r0, ws.mpad, rows, ws.d, ws.d, std::min(kChunk, ws.mpad - r0));
+    for (int64_t i = r0; i < std::min(ws.rows, r0 + kChunk); ++i)
+      emit(i, rows + (i - r0) * ws.d, core::finalize_scale(ws.l[i]), row_lse(ws, cfg, i));
+  }
 }
 
 }  // namespace flashattn::cpu

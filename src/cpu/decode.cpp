@@ -14,7 +14,6 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "cpu/amx_engine.h"
 #include "cpu/attn_engine.h"
 #include "cpu/parallel.h"
+#include "cpu/scratch_cache.h"
 
 namespace flashattn::cpu {
 namespace {
@@ -132,47 +132,6 @@ struct DecodeScratch {
   }
 };
 
-// Scratch outlives a call. A decode step at a short cache takes tens of microseconds, and
-// allocating its tiles anew each call took longer: glibc maps large blocks fresh and unmaps them at
-// free, so every call faulted its pages in again (bf16, 32 query heads on 8, d = 128, 16 cached
-// keys, one thread: 129 us a call against 19 with the scratch kept). A call takes the scratch last
-// given back (or a new one; concurrent calls take different ones) and gives it back at the end;
-// the cache keeps up to kKeptBytes in all, the most recently used first, and frees the rest.
-template <class T>
-class ScratchCache {
- public:
-  static constexpr size_t kKeptBytes = size_t(64) << 20;  // a space of ~1 MB for each of 64 threads
-
-  static ScratchCache& instance() {
-    static ScratchCache* cache = new ScratchCache;  // never destroyed: a call may run at exit
-    return *cache;
-  }
-  std::unique_ptr<DecodeScratch<T>> take() {
-    std::lock_guard<std::mutex> lock(m_);
-    if (kept_.empty()) return std::make_unique<DecodeScratch<T>>();
-    std::unique_ptr<DecodeScratch<T>> s = std::move(kept_.back().first);
-    bytes_ -= kept_.back().second;
-    kept_.pop_back();
-    return s;
-  }
-  void give(std::unique_ptr<DecodeScratch<T>> s) {
-    const size_t n = s->bytes();
-    if (n > kKeptBytes) return;
-    std::lock_guard<std::mutex> lock(m_);
-    kept_.emplace_back(std::move(s), n);
-    bytes_ += n;
-    while (bytes_ > kKeptBytes) {
-      bytes_ -= kept_.front().second;
-      kept_.erase(kept_.begin());
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::vector<std::pair<std::unique_ptr<DecodeScratch<T>>, size_t>> kept_;
-  size_t bytes_ = 0;
-};
-
 // A worker for each kWorkerElems elements of K and V a call reads (1 MB of bf16 or fp16, 2 MB of
 // f32): waking a pool thread costs more than it saves on a short cache. Elements, not bytes, as the
 // float kernels' time goes by element (fp16 rows are widened to f32). On a 2-core VM (32 query heads
@@ -232,7 +191,7 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
   const int threads = int(std::min<int64_t>(p.num_threads > 0 ? p.num_threads : default_threads(),
                                             std::max<int64_t>(1, kv_elems / kWorkerElems)));
   const int workers = workers_for(tasks, threads);
-  std::unique_ptr<DecodeScratch<T>> scratch = ScratchCache<T>::instance().take();
+  KeptScratch<DecodeScratch<T>> scratch;
   if (scratch->spaces.size() < size_t(workers)) scratch->spaces.resize(size_t(workers));
 
   // Partial states of every (sequence, KV head, row tile, split) when splitting:
@@ -346,26 +305,23 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
           });
     }
 
-    for (int64_t hk = hk0; hk < hk1; ++hk) {
-      const Workspace<T>& ws = *space.heads[size_t(hk - hk0)];
-      for (int64_t i = 0; i < ws.rows; ++i) {
+    for (int64_t hk = hk0; hk < hk1; ++hk)
+      finish_rows(*space.heads[size_t(hk - hk0)], kern, cfg, [&](int64_t i, const T* o, T scale, T lse) {
         if (splits > 1) {
           const int64_t at = part_at(b, hk, rt, split, i);
-          T* o = part_o.data() + at * d;
-          part_lse[size_t(at)] = finish_row(ws, cfg, i, [&](int64_t x, T val) { o[x] = val; });
+          T* part = part_o.data() + at * d;
+          for (int64_t x = 0; x < d; ++x) part[x] = o[x] * scale;
+          part_lse[size_t(at)] = lse;
         } else {
-          char* o = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i));
-          T lse = finish_row_to(ws, kern, cfg, i, o, p.dtype);
+          store_row(kern, o, scale, p.dtype, static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i)), d);
           if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(hk, i)), lse);
         }
-      }
-    }
+      });
     // The last split of its group to finish merges them all: acq_rel makes the other splits'
     // partial states visible to it.
     if (splits > 1 && scratch->done[size_t(group_id)].fetch_add(1, std::memory_order_acq_rel) == splits - 1)
       for (int64_t hk = hk0; hk < hk1; ++hk) merge(b, hk, rt);
   });
-  ScratchCache<T>::instance().give(std::move(scratch));
 }
 
 }  // namespace

@@ -440,6 +440,23 @@ void softcap(typename V::T* x, int64_t n, typename V::T cap, typename V::T mul) 
   for (int64_t i = 0; i < n; i += V::W) V::store(x + i, V::mul(c, V::tanh(V::mul(m, V::load(x + i)))));
 }
 
+// W x W blocks through V::transpose_block where the level has one (8 or 16 loads, shuffles, 8 or 16
+// stores), the edges and the portable level element by element.
+template <class V>
+void transpose(const typename V::T* src, int64_t lds, typename V::T* dst, int64_t ldd, int64_t rows, int64_t cols) {
+  int64_t r = 0;
+  if constexpr (requires { V::transpose_block(src, lds, dst, ldd); }) {
+    for (; r + V::W <= rows; r += V::W) {
+      int64_t c = 0;
+      for (; c + V::W <= cols; c += V::W) V::transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+      for (; c < cols; ++c)
+        for (int64_t i = r; i < r + V::W; ++i) dst[c * ldd + i] = src[i * lds + c];
+    }
+  }
+  for (; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+
 template <class V>
 TileKernels<typename V::T> make_kernels(KernelLevel level) {
   TileKernels<typename V::T> t;
@@ -452,6 +469,7 @@ TileKernels<typename V::T> make_kernels(KernelLevel level) {
   t.scores_rows = &scores_rows<V>;
   t.softmax_rows = &softmax_rows<V>;
   t.accumulate_rows = &accumulate_rows<V>;
+  t.transpose = &transpose<V>;
   t.widen = &V::widen;
   t.narrow = &V::narrow;
   return t;

@@ -73,6 +73,29 @@ struct Avx2 {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
   }
 
+  // dst[c][r] = src[r][c] for an 8 x 8 block: pairs of rows interleaved (unpack), then quads
+  // (shuffle within 128-bit lanes: register 4g + j holds column 4L + j of rows 4g..4g+3 in lane L),
+  // then the two lanes of the two groups paired (permute2f128).
+  static void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; ++j) {
+      t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);
+      t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
+  }
+
   // n is a multiple of 8 (a head dimension).
   static void narrow(const float* src, float mul, DType t, void* dst, int64_t n) {
     auto* d = static_cast<uint16_t*>(dst);

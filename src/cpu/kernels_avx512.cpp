@@ -79,6 +79,38 @@ struct Avx512 {
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
   }
 
+#pragma GCC diagnostic push
+  // GCC 12 warns that its own _mm512_undefined_ps, the unmasked shuffles' pass-through, is
+  // uninitialized where these are inlined (a false positive of that version).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+  // dst[c][r] = src[r][c] for a 16 x 16 block: pairs of rows interleaved (unpack), then quads
+  // (shuffle within 128-bit lanes: register 4g + j holds column 4L + j of rows 4g..4g+3 in lane L),
+  // then the four lanes gathered across the groups (shuffle_f32x4).
+  static void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+      const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88), d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+      t[j] = _mm512_shuffle_f32x4(a, c, 0x88);
+      t[8 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);
+      t[4 + j] = _mm512_shuffle_f32x4(b, d, 0x88);
+      t[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, t[i]);
+  }
+#pragma GCC diagnostic pop
+
   // n is a multiple of 8 (a head dimension): 16 at a time, then a last 8 through a 16-wide masked
   // load and store.
   static void narrow(const float* src, float mul, DType t, void* dst, int64_t n) {

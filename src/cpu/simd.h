@@ -34,6 +34,7 @@ enum class KernelLevel : int { portable = 0, avx2 = 1, avx512 = 2, amx = 3 };
 
 // The most query rows (mpad) a tile kernel is handed.
 inline constexpr int64_t kMaxTileRows = 384;
+inline constexpr int64_t kMaxHeadDim = 256;  // the API's bound (validate.cpp)
 
 template <class T>
 struct TileKernels {
@@ -63,6 +64,9 @@ struct TileKernels {
   void (*softmax_rows)(T* s, int64_t nk, int64_t rows, int64_t ld, T c, T* m, T* l, T* f);
   void (*accumulate_rows)(const void* const* v, DType t, int64_t nk, const T* p, int64_t rows, int64_t ld, int64_t d,
                           const T* f, T* o);
+  // dst[c][r] = src[r][c] for r < rows, c < cols (rows lds and ldd apart): query tiles into their
+  // transposed form and o~ out of it, W x W blocks at a time through registers.
+  void (*transpose)(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, int64_t cols);
   // dst[0, n) = src as float; src is f16 or bf16 (only used by the float tables).
   void (*widen)(const void* src, DType t, T* dst, int64_t n);
   // dst[0, n) = mul * src rounded to nearest even into f16 or bf16: the values of core::to_half and

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -458,6 +459,40 @@ TEST(BackwardDeterminism, OnePassAndTwoPassSchedulesAgreeBitwise) {
         << flashattn::dtype_name(c.dtype) << " d " << c.d << (c.cu_q.empty() ? "" : " varlen")
         << ": the one-pass and two-pass schedules differ";
   }
+}
+
+// A call keeps its workers' scratch for the next (backward.cpp's BackwardScratch): a call whose
+// tiles are partial after one whose tiles were full, of the same tile size, must not see the
+// earlier rows in its padding; concurrent calls take their own scratch.
+TEST(BackwardDeterminism, ScratchKeptBetweenCalls) {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Case full;
+    full.dtype = dtype, full.batch = 1, full.sq = 128, full.sk = 128, full.hq = 2, full.hkv = 1;
+    Case partial = full;
+    partial.sq = 100, partial.sk = 120, partial.causal = true;
+    cases.push_back(full);
+    cases.push_back(partial);
+  }
+  std::vector<std::vector<unsigned char>> first;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Problem pr(cases[i], 80 + uint32_t(i));
+    expect_matches_reference(pr, cases[i].dtype);
+    first.push_back(grads_bytes(pr));
+  }
+  std::vector<int> diffs(4, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < diffs.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (size_t n = 0; n < 3 * cases.size(); ++n) {
+        const size_t i = (t + n) % cases.size();
+        Problem pr(cases[i], 80 + uint32_t(i));
+        pr.run();
+        diffs[t] += grads_bytes(pr) != first[i];
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (size_t t = 0; t < diffs.size(); ++t) EXPECT_EQ(diffs[t], 0) << "thread " << t;
 }
 
 // ---- with the engine's own forward ------------------------------------------------------------------

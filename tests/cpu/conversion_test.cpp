@@ -1,6 +1,7 @@
 // The float kernels' 16-bit conversions (TileKernels::widen and narrow), which load the backward's
 // tiles and store its gradients, against the scalar conversions of core/numeric.h, at every SIMD
-// level this CPU has: the same bits for every value but NaN payloads.
+// level this CPU has: the same bits for every value but NaN payloads. And their transposition
+// (TileKernels::transpose), which turns query tiles and outputs between rows and columns.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -93,6 +94,27 @@ TEST_P(Conversion, WidenIsExact) {
     }
   }
 }
+
+// Every element lands where it belongs and nothing else is written: whole blocks, edges of every
+// width, single rows and columns, strides wider than the rows.
+template <class T>
+void expect_transposes(const flashattn::cpu::TileKernels<T>& kern) {
+  const int64_t shapes[][2] = {{16, 16}, {8, 8}, {64, 40}, {37, 23}, {256, 16}, {16, 3}, {1, 17}, {19, 1}, {48, 200}};
+  for (const auto& shape : shapes) {
+    const int64_t rows = shape[0], cols = shape[1], lds = cols + 5, ldd = rows + 3;
+    std::vector<T> src(size_t(rows * lds)), dst(size_t(cols * ldd), T(-1));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = T(i);
+    kern.transpose(src.data(), lds, dst.data(), ldd, rows, cols);
+    int64_t wrong = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < ldd; ++r) wrong += dst[size_t(c * ldd + r)] != (r < rows ? src[size_t(r * lds + c)] : T(-1));
+    EXPECT_EQ(wrong, 0) << rows << " x " << cols;
+  }
+}
+
+TEST_P(Conversion, TransposeMovesEveryElement) { expect_transposes(flashattn::cpu::float_kernels()); }
+
+TEST(Transpose, DoubleKernelsMoveEveryElement) { expect_transposes(flashattn::cpu::double_kernels()); }
 
 INSTANTIATE_TEST_SUITE_P(Levels, Conversion,
                          ::testing::Values(KernelLevel::portable, KernelLevel::avx2, KernelLevel::avx512),

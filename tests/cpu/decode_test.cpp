@@ -295,7 +295,7 @@ TEST(Decode, DeterministicAcrossThreadCounts) {
   }
 }
 
-// A call keeps its scratch for the next (decode.cpp's ScratchCache): a call after one of another
+// A call keeps its scratch for the next (scratch_cache.h): a call after one of another
 // shape (dtype, head dim, heads per group, split count) must not see its leftovers, and calls from
 // several threads at once each take their own.
 TEST(Decode, ScratchKeptBetweenCallsOfOtherShapes) {

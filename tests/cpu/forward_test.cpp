@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -340,6 +341,44 @@ TEST(Forward, DeterministicAcrossRunsAndThreadCounts) {
       EXPECT_EQ(again.lse.storage, first.lse.storage) << "threads " << threads;
     }
   }
+}
+
+// A call keeps its per-worker scratch for the next (forward.cpp's ForwardScratch): a call with the
+// same shapes but other K and V must pack them afresh (the packs remember which head they hold),
+// one of other shapes must not see leftovers, and calls from several threads at once each take
+// their own.
+TEST(Forward, ScratchKeptBetweenCalls) {
+  const std::vector<Shape> shapes = {
+      {.sq = 40, .sk = 70, .hq = 4, .hkv = 2, .causal = true},
+      {.dtype = DType::bf16, .sq = 90, .sk = 90, .hq = 2, .hkv = 1, .d = 128},
+      {.sq = 40, .sk = 70, .hq = 4, .hkv = 2, .causal = true},  // the first shape again, other values
+      {.dtype = DType::bf16, .sq = 90, .sk = 90, .hq = 2, .hkv = 1, .d = 128},
+      {.dtype = DType::f16, .sq = 17, .sk = 300, .hq = 3, .hkv = 3, .d = 96, .wl = 40},
+      {.dtype = DType::f64, .sq = 33, .sk = 20, .hq = 2, .hkv = 2, .d = 32, .softcap = 3.f},
+  };
+  std::vector<std::vector<unsigned char>> out, lse;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(describe(shapes[i]));
+    Problem p = make_problem(shapes[i], 60 + uint32_t(i));
+    flashattn::forward(p.args);
+    ASSERT_TRUE(matches_reference(p));
+    out.push_back(p.out.storage);
+    lse.push_back(p.lse.storage);
+  }
+  // Four threads at once, each through all shapes three times, starting at a different one.
+  std::vector<std::vector<std::string>> diffs(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t n = 0; n < 3 * shapes.size(); ++n) {
+        const size_t i = (t + n) % shapes.size();
+        Problem p = make_problem(shapes[i], 60 + uint32_t(i));
+        flashattn::forward(p.args);
+        if (p.out.storage != out[i] || p.lse.storage != lse[i]) diffs[t].push_back(describe(shapes[i]));
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (size_t t = 0; t < diffs.size(); ++t) EXPECT_TRUE(diffs[t].empty()) << "thread " << t << ": " << diffs[t][0];
 }
 
 TEST(CpuInfo, ReportsFeaturesAndLevel) {
