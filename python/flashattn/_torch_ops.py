@@ -74,10 +74,8 @@ def _merge_shapes(o_parts: Tensor):
 # ---- forward and backward -----------------------------------------------------------------------
 # `deterministic` is a forward input only so that the autograd formula can hand it to bwd.
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-        softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-        deterministic: bool) -> tuple[Tensor, Tensor]:
+def forward_step(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap):
+    """What flashattn::fwd runs; flash_attn_func calls it directly where no dispatch is needed."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, varlen), dtype=_lse_dtype(q.dtype), device=q.device)
@@ -85,6 +83,14 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seql
                _opt(cu_seqlens_q, "cu_seqlens_q"), _opt(cu_seqlens_k, "cu_seqlens_k"), softmax_scale=softmax_scale,
                causal=causal, window_left=window_left, window_right=window_right, softcap=softcap, **_launch(q))
     return out, lse
+
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+        softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+        deterministic: bool) -> tuple[Tensor, Tensor]:
+    return forward_step(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
+                        softcap)
 
 
 @fwd.register_fake

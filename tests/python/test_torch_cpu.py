@@ -207,6 +207,36 @@ def test_eager_kvcache_step_skips_the_dispatch_only_where_nothing_needs_it():
     assert type(fake).__name__ == "FakeTensor" and fake.shape == q.shape
 
 
+def test_eager_forward_skips_the_dispatch_only_where_nothing_needs_it():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = rand(2, 7, 4, 64), rand(2, 9, 2, 64), rand(2, 9, 2, 64)
+    # Eager on plain tensors without gradients: the implementation called directly gives the
+    # operator's result, in the fixed-length and varlen forms.
+    out, lse = flashattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    op_out, op_lse = torch.ops.flashattn.fwd(q, k, v, None, None, 0.0, True, -1, -1, 0.0, False)
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 9, 9], dtype=torch.int32)
+    qv, kv, vv = q[0], k[0], v[0]
+    var_out = flashattn.flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, 4, 9, causal=True)
+    var_op_out, _ = torch.ops.flashattn.fwd(qv, kv, vv, cu_q, cu_k, 0.0, True, -1, -1, 0.0, False)
+    assert torch.equal(var_out, var_op_out)
+    # A profiler records the operator.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        flashattn.flash_attn_func(q, k, v)
+    assert any(e.name == "flashattn::fwd" for e in prof.events())
+    # A gradient asked for goes through the operator and its autograd formula.
+    qg = q.clone().requires_grad_()
+    grad_out = flashattn.flash_attn_func(qg, k, v, causal=True)
+    assert grad_out.grad_fn is not None and torch.equal(grad_out.detach(), op_out)
+    grad_out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    # Under a dispatch mode (fake tensors, as export traces) the operator's fake implementation runs.
+    with FakeTensorMode() as mode:
+        fake = flashattn.flash_attn_func(mode.from_tensor(q), mode.from_tensor(k), mode.from_tensor(v))
+    assert type(fake).__name__ == "FakeTensor" and fake.shape == q.shape
+
+
 def test_opcheck_registrations():
     q, k, v = rand(1, 6, 2, 32, grad=True), rand(1, 9, 1, 32, grad=True), rand(1, 9, 1, 32, grad=True)
     opts = (0.0, True, -1, -1, 0.0, False)
@@ -229,6 +259,9 @@ def test_meta_tensors_give_shapes():
     q, k = torch.empty(2, 10, 8, 64, device="meta"), torch.empty(2, 20, 2, 64, device="meta")
     out, lse = flashattn.flash_attn_func(q, k, k, return_lse=True)
     assert out.shape == q.shape and lse.shape == (2, 8, 10) and lse.dtype == torch.float32
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
+    out, lse = flashattn.flash_attn_with_kvcache(q[:, :1], k, k, cache_seqlens=lens, return_lse=True)
+    assert out.shape == (2, 1, 8, 64) and lse.shape == (2, 8, 1)
 
 
 # ---- KV cache and merge -------------------------------------------------------------------------
