@@ -99,7 +99,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
         q, k, v = (_unit_last_dim(t) for t in (q, k, v))
         args = (q, k, v, None, None, scale, bool(causal), left, right, float(softcap))
         if _undispatched(q, k, v):
-            out, lse = _torch_ops.forward_step(*args)
+            out, lse = _torch_ops.forward_step(*args, with_lse=bool(return_lse))
         else:
             out, lse = _torch_ops.fwd(*args, bool(deterministic))
     else:
@@ -126,7 +126,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         q, k, v = (_unit_last_dim(t) for t in (q, k, v))
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right, float(softcap))
         if _undispatched(q, k, v, cu_seqlens_q, cu_seqlens_k):
-            out, lse = _torch_ops.forward_step(*args)
+            out, lse = _torch_ops.forward_step(*args, with_lse=bool(return_lse))
         else:
             out, lse = _torch_ops.fwd(*args, bool(deterministic))
     else:
