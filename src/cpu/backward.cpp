@@ -477,7 +477,12 @@ class Backward {
     if (given != -kInf) {
       const T* o = out + p_.o_s.offset(b, s.q_tok0 + r, h);
       const T* g = dout + p_.do_s.offset(b, s.q_tok0 + r, h);
-      for (int64_t x = 0; x < d_; ++x) delta += load_acc<Acc>(g + x) * load_acc<Acc>(o + x);
+      // Eight running sums (d is a multiple of 8), so that the products run in vectors: one chain
+      // of dependent additions per row took a tenth of an f32 backward over 64 tokens.
+      Acc part[8] = {};
+      for (int64_t x = 0; x < d_; x += 8)
+        for (int j = 0; j < 8; ++j) part[j] += load_acc<Acc>(g + x + j) * load_acc<Acc>(o + x + j);
+      delta = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
       l = given;
     }
     lse_[size_t(h * p_.total_q + s.q_row0 + r)] = l;
