@@ -8,9 +8,9 @@
 // forward.cpp.) A call takes the scratch last given back (or a new one; concurrent calls take
 // different ones) and gives it back at the end. All caches together keep up to kKeptBytes: a
 // cache gives up its own least recently used scratch to make room, and a scratch that still does
-// not fit is freed. S is the pass's scratch type: default-constructible,
-// with bytes() for the memory it holds; a call must re-fit what it takes to its own shapes and
-// must not trust anything a previous call left in it.
+// not fit is freed. S is the pass's scratch type: default-constructible, with bytes() for the
+// memory it holds; a call must re-fit what it takes to its own shapes and must not trust anything
+// a previous call left in it.
 #pragma once
 
 #include <cstddef>
