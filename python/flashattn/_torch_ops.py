@@ -190,13 +190,14 @@ def _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num
 
 
 def decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_left,
-                window_right, softcap, num_splits):
+                window_right, softcap, num_splits, with_lse=True):
     """What both KV-cache operators run (k, v None: no append); flash_attn_with_kvcache calls it
-    directly where no dispatch is needed."""
+    directly where no dispatch is needed, and then without lse (None) unless it is asked for."""
+    lse_shape = _decode_lse_shape(q)  # also checks q's rank, with the layout in the message
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(q.shape, ...)
-    lse = torch.empty(_decode_lse_shape(q), dtype=_lse_dtype(q.dtype), device=q.device)
+    lse = torch.empty(lse_shape, dtype=_lse_dtype(q.dtype), device=q.device) if with_lse else None
     args = (_view(q, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"), _opt(block_table, "block_table"),
-            _view(cache_seqlens, "cache_seqlens"), _opt(k, "k"), _opt(v, "v"), _view(out, "out"), _view(lse, "lse"))
+            _view(cache_seqlens, "cache_seqlens"), _opt(k, "k"), _opt(v, "v"), _view(out, "out"), _opt(lse, "lse"))
     opts = dict(num_splits=num_splits, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
                 window_right=window_right, softcap=softcap, **_launch(q))
     key = _plan_key(q, k_cache, k, block_table, causal, window_left, window_right, num_splits)

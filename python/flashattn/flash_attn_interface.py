@@ -231,7 +231,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         if appending:
             k, v = _unit_last_dim(k), _unit_last_dim(v)
         if _undispatched(q, k_cache, v_cache, k, v, cache_seqlens, block_table):
-            out, lse = _torch_ops.decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *opts)
+            out, lse = _torch_ops.decode_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *opts,
+                                              with_lse=bool(return_lse))
         elif appending:
             out, lse = _torch_ops.kvcache_append(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *opts)
         else:

@@ -337,6 +337,20 @@ TEST_F(GpuDecode, SplitCountsAgree) {
   }
 }
 
+// lse is optional: without it the kernel and the split combine write out alone (the Python
+// package passes none unless return_lse is asked for).
+TEST_F(GpuDecode, OutWithoutLse) {
+  for (int32_t splits : {1, 6}) {
+    Case c;
+    c.lens = {2500, 0, 31};
+    c.sn = 2;
+    c.causal = true;
+    c.splits = splits;
+    c.with_lse = false;
+    run_and_check(c, 450 + uint32_t(splits));
+  }
+}
+
 // The planned path with the same split count gives the same bits as decode(args).
 TEST_F(GpuDecode, PlannedRunEqualsDirectCall) {
   Case c;
