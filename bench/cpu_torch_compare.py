@@ -5,16 +5,17 @@ token per sequence against a KV cache: our flash_attn_with_kvcache beside SDPA w
 the cache, GB/s of K and V read).
 
 Rounds alternate ours and PyTorch's, each timing one call after one untimed call; the table gives
-the medians and PyTorch's time over ours (above 1: ours is faster). --threads sets PyTorch's thread
-count; ours runs on every core (the package's default), so compare at --threads = the core count. GFLOP/s counts
+the medians and PyTorch's time over ours (above 1: ours is faster). Ours runs on every core (the
+package's default) and PyTorch keeps its own setting (one thread per core) unless --threads sets
+its thread count (which made its short calls slower here, even set to the count it had). GFLOP/s counts
 4·b·h·s²·d for the forward, half when causal, and 3.5 times that for forward + backward (the
 backward's 2.5). fp32 unless --dtype says bf16 or fp16 (on a CPU with AMX both libraries then run
 their bf16 tile kernels for bf16; ours runs fp16 on them too, as bf16 halves); layouts as each
 library wants them: ours [b, s, h, d], PyTorch's [b, h, s, d]. --shapes "" leaves the forward and
 backward table out.
 
-  python3 bench/cpu_torch_compare.py --threads 2
-  python3 bench/cpu_torch_compare.py --threads 2 --dtype bf16 --decode ""
+  python3 bench/cpu_torch_compare.py
+  python3 bench/cpu_torch_compare.py --dtype bf16 --decode ""
   FLASHATTN_CPU_KERNEL=avx2 python3 bench/cpu_torch_compare.py   # our engine capped at AVX2
 """
 import argparse
@@ -39,7 +40,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="PyTorch's thread count; 0 (the default) leaves PyTorch's own setting alone")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--no-backward", action="store_true", help="time the forward alone")
@@ -51,9 +53,14 @@ def main():
     ap.add_argument("--decode", default="1,8192;8,4096;1,32768",
                     help="b,kv;... (32 query heads on 8 KV heads, d = 128; empty: none)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    # Calling torch.set_num_threads, even with the count PyTorch already had, made its short calls up
+    # to 1.7x slower on a 2-core VM (one decode step over 16 cached keys: 15 -> 27 us), so by default
+    # PyTorch keeps its own setting (one thread per core, as ours).
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {args.threads} threads, flashattn {flashattn.__version__} "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+          f"{' (set)' if args.threads > 0 else ' (its own setting)'}, flashattn {flashattn.__version__} "
           f"({flashattn.build_info()['cpu_kernel']} kernels), {args.dtype}, medians of {args.rounds} rounds, "
           f"ours on {args.our_layout}")
     dtype = DTYPES[args.dtype]
