@@ -82,6 +82,8 @@ void scores_micro(const typename V::T* k, int64_t ldk, const typename V::T* qt, 
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+  // Four steps per loop trip, as the backward's products (the same sums in the same order).
+#pragma GCC unroll 4
   for (int64_t x = 0; x < d; ++x) {
     reg q[NV];
 #pragma GCC unroll 4
@@ -140,6 +142,7 @@ void accumulate_micro(const typename V::T* vt, int64_t ldv, int64_t nk, const ty
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r][v] = V::mul(V::load(ot + r * mpad + v * V::W), fv);
   }
+#pragma GCC unroll 4
   for (int64_t j = 0; j < nk; ++j) {
     reg p[NV];
 #pragma GCC unroll 4
