@@ -230,8 +230,9 @@ class Backward {
 
   void run() {
     if (one_pass_) {
-      parallel_for(int64_t(pair_tasks_.size()), p_.num_threads,
-                   [&](int64_t i, int worker) { pair_task(pair_tasks_[size_t(i)], scratch_->workers[size_t(worker)]); });
+      parallel_for(int64_t(pair_tasks_.size()), p_.num_threads, [&](int64_t i, int worker) {
+        pair_task(pair_tasks_[size_t(i)], scratch_->workers[size_t(worker)]);
+      });
       return;
     }
     parallel_for(int64_t(row_tasks_.size()), p_.num_threads,

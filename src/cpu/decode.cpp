@@ -313,7 +313,8 @@ void attend(const Cache& c, const TileKernels<T>& kern, const AmxKernels* amx) {
           for (int64_t x = 0; x < d; ++x) part[x] = o[x] * scale;
           part_lse[size_t(at)] = lse;
         } else {
-          store_row(kern, o, scale, p.dtype, static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i)), d);
+          char* row = static_cast<char*>(p.out) + esize * p.o_s.offset(b, token(i), head(hk, i));
+          store_row(kern, o, scale, p.dtype, row, d);
           if (p.lse) store_value(p.lse, lse_type, p.lse_s.offset(b, token(i), head(hk, i)), lse);
         }
       });

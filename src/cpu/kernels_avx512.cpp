@@ -100,8 +100,10 @@ struct Avx512 {
       r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
     }
     for (int j = 0; j < 4; ++j) {
-      const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
-      const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88), d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+      const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+      const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+      const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+      const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
       t[j] = _mm512_shuffle_f32x4(a, c, 0x88);
       t[8 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);
       t[4 + j] = _mm512_shuffle_f32x4(b, d, 0x88);

@@ -107,7 +107,8 @@ void expect_transposes(const flashattn::cpu::TileKernels<T>& kern) {
     kern.transpose(src.data(), lds, dst.data(), ldd, rows, cols);
     int64_t wrong = 0;
     for (int64_t c = 0; c < cols; ++c)
-      for (int64_t r = 0; r < ldd; ++r) wrong += dst[size_t(c * ldd + r)] != (r < rows ? src[size_t(r * lds + c)] : T(-1));
+      for (int64_t r = 0; r < ldd; ++r)
+        wrong += dst[size_t(c * ldd + r)] != (r < rows ? src[size_t(r * lds + c)] : T(-1));
     EXPECT_EQ(wrong, 0) << rows << " x " << cols;
   }
 }
