@@ -1,5 +1,5 @@
 // Helpers shared by the test suites: host tensors that own their storage, random and poisoned
-// fills, strided (non-contiguous) layouts, and the accuracy rule.
+// fills, strided (non-contiguous) layouts, the accuracy rule, and concurrent repeats of cases.
 //
 // The accuracy rule (FlashAttention's own): max |kernel - ref64| <= factor * max |plain - ref64|
 // + atol, where ref64 is the fp64 reference and plain is a plain same-precision implementation of
@@ -12,9 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/numeric.h"
@@ -166,6 +169,29 @@ inline ::testing::AssertionResult within_rule(const std::vector<double>& kernel,
   return ::testing::AssertionFailure() << what << ": max error " << err << " exceeds " << factor << " x plain error "
                                        << base << " + atol " << default_atol(dtype) << " (dtype "
                                        << flashattn::dtype_name(dtype) << ")";
+}
+
+// For the CPU engine's scratch kept between calls (src/cpu/scratch_cache.h): runs repeat(i) for the
+// cases i in [0, cases) from four threads at once, each going through every case three times from
+// a different start, so that calls of different shapes follow each other and overlap. repeat says
+// whether case i gave its first result again; returns (thread, case) of every run that did not.
+inline std::vector<std::pair<size_t, size_t>> concurrent_repeats(size_t cases,
+                                                                 const std::function<bool(size_t)>& repeat) {
+  constexpr size_t kThreads = 4, kRounds = 3;
+  std::vector<std::vector<size_t>> differing(kThreads);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t n = 0; n < kRounds * cases; ++n) {
+        const size_t i = (t + n) % cases;
+        if (!repeat(i)) differing[t].push_back(i);
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t t = 0; t < kThreads; ++t)
+    for (size_t i : differing[t]) out.emplace_back(t, i);
+  return out;
 }
 
 }  // namespace fa_test

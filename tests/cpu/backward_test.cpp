@@ -12,7 +12,6 @@
 #include <ostream>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -480,19 +479,14 @@ TEST(BackwardDeterminism, ScratchKeptBetweenCalls) {
     expect_matches_reference(pr, cases[i].dtype);
     first.push_back(grads_bytes(pr));
   }
-  std::vector<int> diffs(4, 0);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < diffs.size(); ++t)
-    threads.emplace_back([&, t] {
-      for (size_t n = 0; n < 3 * cases.size(); ++n) {
-        const size_t i = (t + n) % cases.size();
-        Problem pr(cases[i], 80 + uint32_t(i));
-        pr.run();
-        diffs[t] += grads_bytes(pr) != first[i];
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (size_t t = 0; t < diffs.size(); ++t) EXPECT_EQ(diffs[t], 0) << "thread " << t;
+  const auto differing = fa_test::concurrent_repeats(cases.size(), [&](size_t i) {
+    Problem pr(cases[i], 80 + uint32_t(i));
+    pr.run();
+    return grads_bytes(pr) == first[i];
+  });
+  for (const auto& [t, i] : differing)
+    ADD_FAILURE() << "thread " << t << ": case " << i << " (" << flashattn::dtype_name(cases[i].dtype)
+                  << ") differs from its first run";
 }
 
 // ---- with the engine's own forward ------------------------------------------------------------------

@@ -7,7 +7,6 @@
 #include <limits>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cpu/simd.h"
@@ -314,22 +313,13 @@ TEST(Decode, ScratchKeptBetweenCallsOfOtherShapes) {
     out.push_back(p.out.storage);
     lse.push_back(p.lse.storage);
   }
-  // Four threads at once, each through all cases three times, starting at a different case.
-  std::vector<std::vector<std::string>> diffs(4);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] {
-      for (size_t n = 0; n < 3 * cases.size(); ++n) {
-        const size_t i = (t + n) % cases.size();
-        Problem p = make_problem(cases[i], 40 + uint32_t(i));
-        flashattn::decode(p.args);
-        if (p.out.storage != out[i] || p.lse.storage != lse[i])
-          diffs[t].push_back("thread " + std::to_string(t) + ": " + describe(cases[i]));
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (const auto& d : diffs)
-    for (const std::string& m : d) ADD_FAILURE() << m << " differs from its first run";
+  const auto differing = fa_test::concurrent_repeats(cases.size(), [&](size_t i) {
+    Problem p = make_problem(cases[i], 40 + uint32_t(i));
+    flashattn::decode(p.args);
+    return p.out.storage == out[i] && p.lse.storage == lse[i];
+  });
+  for (const auto& [t, i] : differing)
+    ADD_FAILURE() << "thread " << t << ": " << describe(cases[i]) << " differs from its first run";
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -365,20 +364,13 @@ TEST(Forward, ScratchKeptBetweenCalls) {
     out.push_back(p.out.storage);
     lse.push_back(p.lse.storage);
   }
-  // Four threads at once, each through all shapes three times, starting at a different one.
-  std::vector<std::vector<std::string>> diffs(4);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] {
-      for (size_t n = 0; n < 3 * shapes.size(); ++n) {
-        const size_t i = (t + n) % shapes.size();
-        Problem p = make_problem(shapes[i], 60 + uint32_t(i));
-        flashattn::forward(p.args);
-        if (p.out.storage != out[i] || p.lse.storage != lse[i]) diffs[t].push_back(describe(shapes[i]));
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (size_t t = 0; t < diffs.size(); ++t) EXPECT_TRUE(diffs[t].empty()) << "thread " << t << ": " << diffs[t][0];
+  const auto differing = fa_test::concurrent_repeats(shapes.size(), [&](size_t i) {
+    Problem p = make_problem(shapes[i], 60 + uint32_t(i));
+    flashattn::forward(p.args);
+    return p.out.storage == out[i] && p.lse.storage == lse[i];
+  });
+  for (const auto& [t, i] : differing)
+    ADD_FAILURE() << "thread " << t << ": " << describe(shapes[i]) << " differs from its first run";
 }
 
 TEST(CpuInfo, ReportsFeaturesAndLevel) {
