@@ -41,10 +41,9 @@ thread_local bool t_in_job = false;
 //
 // Between jobs a thread spins for kSpin (spin_while) before it sleeps on the condition variable,
 // and a caller waiting for its job's threads spins as long before it sleeps (OpenMP runtimes do
-// the same): on a 2-core VM a sleeping thread took tens of
-// microseconds to join a job once the caller had done a few microseconds of its own work between
-// calls, which a decode step over a short cache paid on every call through Python
-// (bench/results/cpu_decode_session43_2026-12-05.txt).
+// the same): on a 2-core VM a sleeping thread took tens of microseconds to join a job once the
+// caller had done a few microseconds of its own work between calls, which a decode step over a
+// short cache paid on every call through Python (bench/results/cpu_decode_session43_2026-12-05.txt).
 //
 // A job wakes only the workers - 1 threads it wants and waits only for those that joined it, not
 // for every thread of the pool: a short job (a decode step over a short cache takes one or two
