@@ -367,7 +367,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
     const E* sdOs = sQs + T::kTileQ;
     const float* lse2 = sLse + stage * T::kBlockM;
     const float* delta = sDelta + stage * T::kBlockM;
-    const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
     float* dq_rows = ws.dq_accum + ((wrow0 + m0) * p.heads_q + h) * p.head_dim;
 
     // Phase 1: S^T = K Q^T and dP^T = V dO^T for this warp's kRowsS keys x kColsS queries; the
@@ -572,6 +571,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         }
       } else {
         // Rows past the tile only occur in masked steps (unmasked ones have full tiles).
+        const int rows = int(sq - m0 < T::kBlockM ? sq - m0 : T::kBlockM);
         auto row_ok = [&](int i, int rr) { return !kMasked || q_row0 + 16 * i + 8 * rr < rows; };
         if constexpr (T::kHeadDim >= 128) {
           // Unmasked steps at the kernel's own head dim add every element unguarded: ptxas wraps each
