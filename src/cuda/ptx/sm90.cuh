@@ -42,10 +42,12 @@ __device__ __forceinline__ void thread_wait_turn_bulk(const int* turn, int value
   } while (seen != value);
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
+// The pass: the fence and a relaxed add form the release pattern (a release add after the fence
+// was a second MEMBAR.GPU in the machine code, on the deterministic backward's chain of turns).
 __device__ __forceinline__ void thread_pass_turn_bulk(int* turn) {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 }
 
 __device__ __forceinline__ void thread_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
