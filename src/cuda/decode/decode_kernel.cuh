@@ -549,7 +549,6 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // Every reading thread arrives (an arrive releases the arriving thread's own reads), after a
       // proxy fence that orders those generic reads before the copy engine's next writes.
       auto release = [&](int h) {
-        ptx::thread_fence_proxy_async_smem();
         ptx::thread_mbarrier_arrive(&empty[(h % T::kSlots) * T::kWarpsN + wn]);
         if (h + T::kSlots < halves) issue(h + T::kSlots);
       };
