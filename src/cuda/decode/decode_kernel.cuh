@@ -546,8 +546,11 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
         ptx::thread_mbarrier_wait(&full[slot * T::kWarpsN + wn], uint32_t(h / T::kSlots) & 1);
         return sKV + slot * T::kTileKV;
       };
-      // Every reading thread arrives (an arrive releases the arriving thread's own reads), after a
-      // proxy fence that orders those generic reads before the copy engine's next writes.
+      // Every reading thread arrives (an arrive releases the arriving thread's own reads). No proxy
+      // fence before it: the slot's reads are ldmatrix results that the MMAs issued before the
+      // arrive have consumed, so they are complete before the copy engine can be told to overwrite
+      // the slot (CUTLASS's consumer release is the bare arrive too). A fence.proxy.async here cost
+      // 0.1-0.5% of every anchor row (H100, bench/results/h100_session45_2026-12-06.txt).
       auto release = [&](int h) {
         ptx::thread_mbarrier_arrive(&empty[(h % T::kSlots) * T::kWarpsN + wn]);
         if (h + T::kSlots < halves) issue(h + T::kSlots);
