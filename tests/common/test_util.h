@@ -171,12 +171,23 @@ inline ::testing::AssertionResult within_rule(const std::vector<double>& kernel,
                                        << flashattn::dtype_name(dtype) << ")";
 }
 
-// For the CPU engine's scratch kept between calls (src/cpu/scratch_cache.h): runs repeat(i) for the
-// cases i in [0, cases) from four threads at once, each going through every case three times from
-// a different start, so that calls of different shapes follow each other and overlap. repeat says
-// whether case i gave its first result again; returns (thread, case) of every run that did not.
-inline std::vector<std::pair<size_t, size_t>> concurrent_repeats(size_t cases,
-                                                                 const std::function<bool(size_t)>& repeat) {
+// The bytes of a followed by those of b: two outputs compared as one (out and lse).
+inline std::vector<unsigned char> joined(std::vector<unsigned char> a, const std::vector<unsigned char>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// For the CPU engine's scratch kept between calls (src/cpu/scratch_cache.h). run(i, first) runs
+// case i and returns its result's bytes; the first run of every case (first = true: the caller
+// checks it against the reference there) is made one case after another. Then four threads at once
+// run every case three times each, from different starts, so that calls of different shapes follow
+// each other and overlap; every run whose bytes differ from its case's first is a failure, named by
+// describe(i).
+inline void expect_bitwise_repeats(size_t cases,
+                                   const std::function<std::vector<unsigned char>(size_t, bool)>& run,
+                                   const std::function<std::string(size_t)>& describe) {
+  std::vector<std::vector<unsigned char>> first;
+  for (size_t i = 0; i < cases; ++i) first.push_back(run(i, true));
   constexpr size_t kThreads = 4, kRounds = 3;
   std::vector<std::vector<size_t>> differing(kThreads);
   std::vector<std::thread> threads;
@@ -184,14 +195,13 @@ inline std::vector<std::pair<size_t, size_t>> concurrent_repeats(size_t cases,
     threads.emplace_back([&, t] {
       for (size_t n = 0; n < kRounds * cases; ++n) {
         const size_t i = (t + n) % cases;
-        if (!repeat(i)) differing[t].push_back(i);
+        if (run(i, false) != first[i]) differing[t].push_back(i);
       }
     });
   for (std::thread& t : threads) t.join();
-  std::vector<std::pair<size_t, size_t>> out;
   for (size_t t = 0; t < kThreads; ++t)
-    for (size_t i : differing[t]) out.emplace_back(t, i);
-  return out;
+    for (size_t i : differing[t])
+      ADD_FAILURE() << "thread " << t << ": " << describe(i) << " differs from its first run";
 }
 
 }  // namespace fa_test

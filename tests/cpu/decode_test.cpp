@@ -304,22 +304,15 @@ TEST(Decode, ScratchKeptBetweenCallsOfOtherShapes) {
       {.lens = {70}, .sn = 1, .hq = 4, .hkv = 4, .d = 256, .splits = 1},
       {.dtype = DType::f16, .lens = {1500, 700}, .sn = 4, .hq = 8, .hkv = 1, .d = 96, .splits = 7},
   };
-  // Each against the reference, one after another, then the results every later call must repeat.
-  std::vector<std::vector<unsigned char>> out, lse;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    run_and_check(cases[i], 40 + uint32_t(i));
-    Problem p = make_problem(cases[i], 40 + uint32_t(i));
-    flashattn::decode(p.args);
-    out.push_back(p.out.storage);
-    lse.push_back(p.lse.storage);
-  }
-  const auto differing = fa_test::concurrent_repeats(cases.size(), [&](size_t i) {
-    Problem p = make_problem(cases[i], 40 + uint32_t(i));
-    flashattn::decode(p.args);
-    return p.out.storage == out[i] && p.lse.storage == lse[i];
-  });
-  for (const auto& [t, i] : differing)
-    ADD_FAILURE() << "thread " << t << ": " << describe(cases[i]) << " differs from its first run";
+  fa_test::expect_bitwise_repeats(
+      cases.size(),
+      [&](size_t i, bool first) {
+        if (first) run_and_check(cases[i], 40 + uint32_t(i));
+        Problem p = make_problem(cases[i], 40 + uint32_t(i));
+        flashattn::decode(p.args);
+        return fa_test::joined(p.out.storage, p.lse.storage);
+      },
+      [&](size_t i) { return describe(cases[i]); });
 }
 
 }  // namespace

@@ -355,22 +355,15 @@ TEST(Forward, ScratchKeptBetweenCalls) {
       {.dtype = DType::f16, .sq = 17, .sk = 300, .hq = 3, .hkv = 3, .d = 96, .wl = 40},
       {.dtype = DType::f64, .sq = 33, .sk = 20, .hq = 2, .hkv = 2, .d = 32, .softcap = 3.f},
   };
-  std::vector<std::vector<unsigned char>> out, lse;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    SCOPED_TRACE(describe(shapes[i]));
-    Problem p = make_problem(shapes[i], 60 + uint32_t(i));
-    flashattn::forward(p.args);
-    ASSERT_TRUE(matches_reference(p));
-    out.push_back(p.out.storage);
-    lse.push_back(p.lse.storage);
-  }
-  const auto differing = fa_test::concurrent_repeats(shapes.size(), [&](size_t i) {
-    Problem p = make_problem(shapes[i], 60 + uint32_t(i));
-    flashattn::forward(p.args);
-    return p.out.storage == out[i] && p.lse.storage == lse[i];
-  });
-  for (const auto& [t, i] : differing)
-    ADD_FAILURE() << "thread " << t << ": " << describe(shapes[i]) << " differs from its first run";
+  fa_test::expect_bitwise_repeats(
+      shapes.size(),
+      [&](size_t i, bool first) {
+        Problem p = make_problem(shapes[i], 60 + uint32_t(i));
+        flashattn::forward(p.args);
+        if (first) EXPECT_TRUE(matches_reference(p)) << describe(shapes[i]);
+        return fa_test::joined(p.out.storage, p.lse.storage);
+      },
+      [&](size_t i) { return describe(shapes[i]); });
 }
 
 TEST(CpuInfo, ReportsFeaturesAndLevel) {
