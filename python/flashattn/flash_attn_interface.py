@@ -53,6 +53,15 @@ def _undispatched(*tensors):
                for t in tensors)
 
 
+def _torch_forward(args, return_lse, deterministic):
+    """flashattn::fwd's arguments (q, k, v, cu_seqlens_q, cu_seqlens_k, then the options) through its
+    implementation directly where no dispatch is needed (without lse unless asked for), else
+    through the operator."""
+    if _undispatched(*args[:5]):
+        return _torch_ops.forward_step(*args, with_lse=bool(return_lse))
+    return _torch_ops.fwd(*args, bool(deterministic))
+
+
 def _window(window_size):
     if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int and \
             type(window_size[1]) is int:
@@ -97,11 +106,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     scale = _scale(softmax_scale)
     if _is_torch(q):
         q, k, v = (_unit_last_dim(t) for t in (q, k, v))
-        args = (q, k, v, None, None, scale, bool(causal), left, right, float(softcap))
-        if _undispatched(q, k, v):
-            out, lse = _torch_ops.forward_step(*args, with_lse=bool(return_lse))
-        else:
-            out, lse = _torch_ops.fwd(*args, bool(deterministic))
+        out, lse = _torch_forward((q, k, v, None, None, scale, bool(causal), left, right, float(softcap)),
+                                  return_lse, deterministic)
     else:
         out, lse = _arrays.forward(q, k, v, None, None, scale, bool(causal), left, right, float(softcap))
     return (out, lse) if return_lse else out
@@ -124,11 +130,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = _scale(softmax_scale)
     if _is_torch(q):
         q, k, v = (_unit_last_dim(t) for t in (q, k, v))
-        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right, float(softcap))
-        if _undispatched(q, k, v, cu_seqlens_q, cu_seqlens_k):
-            out, lse = _torch_ops.forward_step(*args, with_lse=bool(return_lse))
-        else:
-            out, lse = _torch_ops.fwd(*args, bool(deterministic))
+        out, lse = _torch_forward((q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right,
+                                   float(softcap)), return_lse, deterministic)
     else:
         out, lse = _arrays.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right,
                                    float(softcap))

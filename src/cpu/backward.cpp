@@ -131,7 +131,7 @@ struct Scratch {
   std::vector<int64_t> lo, hi;
   std::vector<uint16_t> pack;  // the AMX products' operands (bwd::TileStep::pack), when they run
   std::vector<uint16_t> q16, dout16, k16, v16;     // the AMX steps' Q, dO, K and V rows
-  std::vector<uint16_t> q_rows, do_rows;           // a one-pass task's Q and dO rows, all its query tiles
+  std::vector<uint16_t> q_rows, do_rows;           // a one-pass task's Q and dO rows, all its query tiles (AMX)
   std::vector<Acc> q_blocks, do_blocks;            // the same for the SIMD products, as [tile][d] tiles
   std::vector<uint32_t> kt_words, vt_words, k_words;  // the key tile's packs
   std::vector<uint32_t> qt_words, dot_words;          // the query tile's (two-pass dQ)
@@ -415,33 +415,33 @@ class Backward {
     w.acc_q.assign(size_t(p_.group() * per_head), G(0));
     bwd::TileStep<Acc, G> st = step_for(w, false);
     st.k = w.k_rows.data();
-    // The AMX steps' 16-bit Q and dO rows of every query tile of the group, made once here instead
-    // of at every step (each query tile meets every key tile it sees; splitting fp16 rows into
-    // halves at each meeting took 15% of an fp16 backward), within the dQ accumulator's bound.
-    const int64_t block16 = tile_ * d_ * (kSplit ? 2 : 1);
-    const bool rows_once = kAmx && 2 * p_.group() * q_tiles * block16 * 2 <= kMaxDqBytes;
-    // Likewise the SIMD steps' Q and dO tiles: copied at every step, they took 7% of an f32
-    // backward (s = 2048, d = 128).
-    const int64_t block = tile_ * d_;
-    const bool tiles_once = !kAmx && 2 * p_.group() * q_tiles * block * int64_t(sizeof(Acc)) <= kMaxDqBytes;
+    // Q and dO of every query tile of the group in the steps' operand form, made once here instead
+    // of at every step (each query tile meets every key tile it sees), within the dQ accumulator's
+    // bound: the AMX steps' 16-bit rows (splitting fp16 rows into halves at each meeting took 15% of
+    // an fp16 backward), or the SIMD steps' tiles of Acc (copied at every step, they took 7% of an
+    // f32 backward, s = 2048, d = 128).
+    const int64_t block = tile_ * d_ * (kAmx && kSplit ? 2 : 1);
+    const int64_t elem_bytes = kAmx ? int64_t(sizeof(uint16_t)) : int64_t(sizeof(Acc));
+    const bool tiles_once = 2 * p_.group() * q_tiles * block * elem_bytes <= kMaxDqBytes;
     if (tiles_once) {
-      w.q_blocks.resize(size_t(p_.group() * q_tiles * block));
-      w.do_blocks.resize(w.q_blocks.size());
+      const size_t n = size_t(p_.group() * q_tiles * block);
+      if constexpr (kAmx) {
+        w.q_rows.resize(n);
+        w.do_rows.resize(n);
+      } else {
+        w.q_blocks.resize(n);
+        w.do_blocks.resize(n);
+      }
       for (int64_t h = h0; h < h0 + p_.group(); ++h)
         for (int64_t m = 0; m < q_tiles; ++m) {
           const int64_t at = ((h - h0) * q_tiles + m) * block, r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
-          load_tile<T>(w.q_blocks.data() + at, tile_, p_.q, p_.q_s, t.b, s.q_tok0 + r0, rows, h, d_);
-          load_tile<T>(w.do_blocks.data() + at, tile_, p_.dout, p_.do_s, t.b, s.q_tok0 + r0, rows, h, d_);
-        }
-    }
-    if (rows_once) {
-      w.q_rows.resize(size_t(p_.group() * q_tiles * block16));
-      w.do_rows.resize(w.q_rows.size());
-      for (int64_t h = h0; h < h0 + p_.group(); ++h)
-        for (int64_t m = 0; m < q_tiles; ++m) {
-          const int64_t at = ((h - h0) * q_tiles + m) * block16, r0 = m * tile_;
-          copy_rows16(w.q_rows.data() + at, p_.q, p_.q_s, t.b, s.q_tok0 + r0, std::min(tile_, s.sq - r0), h);
-          copy_rows16(w.do_rows.data() + at, p_.dout, p_.do_s, t.b, s.q_tok0 + r0, std::min(tile_, s.sq - r0), h);
+          if constexpr (kAmx) {
+            copy_rows16(w.q_rows.data() + at, p_.q, p_.q_s, t.b, s.q_tok0 + r0, rows, h);
+            copy_rows16(w.do_rows.data() + at, p_.dout, p_.do_s, t.b, s.q_tok0 + r0, rows, h);
+          } else {
+            load_tile<T>(w.q_blocks.data() + at, tile_, p_.q, p_.q_s, t.b, s.q_tok0 + r0, rows, h, d_);
+            load_tile<T>(w.do_blocks.data() + at, tile_, p_.dout, p_.do_s, t.b, s.q_tok0 + r0, rows, h, d_);
+          }
         }
     }
     for (int64_t c0 = 0; c0 < s.sk; c0 += tile_) {
@@ -458,15 +458,15 @@ class Backward {
           const int64_t r0 = m * tile_, rows = std::min(tile_, s.sq - r0);
           const core::TileRange range = core::tile_range(mask, r0, r0 + rows, tile_);
           if (n < range.n_begin || n >= range.n_end) continue;
-          if (rows_once) {
-            const int64_t at = ((h - h0) * q_tiles + m) * block16;
-            st.q16 = w.q_rows.data() + at;
-            st.dout16 = w.do_rows.data() + at;
-            row_ranges(s, r0, w);
-          } else if (tiles_once) {
+          if (tiles_once) {
             const int64_t at = ((h - h0) * q_tiles + m) * block;
-            st.q = w.q_blocks.data() + at;
-            st.dout = w.do_blocks.data() + at;
+            if constexpr (kAmx) {
+              st.q16 = w.q_rows.data() + at;
+              st.dout16 = w.do_rows.data() + at;
+            } else {
+              st.q = w.q_blocks.data() + at;
+              st.dout = w.do_blocks.data() + at;
+            }
             row_ranges(s, r0, w);
           } else {
             load_query_tile(s, t.b, h, r0, rows, false, w);
