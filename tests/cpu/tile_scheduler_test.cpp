@@ -160,6 +160,7 @@ TEST(TileScheduler, StreamKOnlyWhereItPays) {
     return s.sk_span > 0;
   };
   EXPECT_TRUE(planned(7, 20, 132, 8));      // 140 tiles of 8 key tiles
+  EXPECT_TRUE(planned(7, 20, 132, 9));      // and of 9 (tests/gpu/forward_test.cpp's last cut shape)
   EXPECT_TRUE(planned(12, 24, 132, 12));    // d=128, s=1536, 24 heads
   EXPECT_TRUE(planned(6, 48, 132, 8));      // d=64, s=1024, 48 heads
   EXPECT_FALSE(planned(12, 11, 132, 16));   // 132 tiles: one whole wave

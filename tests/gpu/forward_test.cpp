@@ -261,15 +261,17 @@ TEST_F(GpuForward, ManyTilesPerCtaWithPingPong) {
 // into equal spans of key tiles (the stream-K tail, src/cuda/tile_scheduler.h), so tiles are
 // computed in two halves on two CTAs and merged. On a 132-SM H200 these shapes are cut
 // (tests/cpu/tile_scheduler_test.cpp, StreamKOnlyWhereItPays: 140 tiles of 8 key tiles), with the
-// partial last key tile in either half, GQA, d=96 in d=128 tiles, and softcap.
+// partial last key tile in either half, GQA, d=96 in d=128 tiles, and softcap; the last shape's
+// 9 key tiles (also cut) end 26 keys into the last, so that tile's keys end in its first half.
 TEST_F(GpuForward, TilesCutAcrossCtasInTheLastWave) {
   uint32_t seed = 375;
-  for (auto [d, sq, softcap] : {std::tuple<int64_t, int64_t, float>{64, 1300, 0.f}, {128, 896, 5.f}, {96, 896, 0.f}}) {
+  for (auto [d, sq, sk, softcap] : {std::tuple<int64_t, int64_t, int64_t, float>{64, 1300, 1000, 0.f},
+                                    {128, 896, 1000, 5.f}, {96, 896, 1000, 0.f}, {128, 896, 1050, 0.f}}) {
     Case c;
     c.heads_q = 20;
     c.heads_kv = 4;
-    c.seqlen_q = sq;    // 7 query tiles per head: 192 rows at d=64, 128 at d=96 and 128
-    c.seqlen_k = 1000;  // 8 key tiles of 128, the last partial
+    c.seqlen_q = sq;  // 7 query tiles per head: 192 rows at d=64, 128 at d=96 and 128
+    c.seqlen_k = sk;  // 8 or 9 key tiles of 128, the last partial
     c.head_dim = d;
     c.softcap = softcap;
     check_case(c, seed++);
