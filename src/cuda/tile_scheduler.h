@@ -9,7 +9,10 @@
 //     query tile varies fastest), so the CTAs running at once share a few heads' K/V in L2.
 //   * right bound (causal, windows): the longest tiles first, so the short ones fill the tail;
 //     heads are taken in sections whose K/V fit in half the L2, and within a section the query
-//     tile varies slowest (longest first) and the head fastest.
+//     tile varies slowest (longest first) and the head fastest. The sections are the fewest that
+//     respect `section` and as equal as they can be (widths differ by at most one pair): a last
+//     section of a few pairs would start its longest tiles when the others are nearly done and
+//     run the tail on a few SMs.
 // Heads vary fastest within a batch entry, so query heads that share a KV head (GQA) are adjacent.
 //
 // Stream-K tail (Hopper forward, equal tiles only): 288 tiles on 132 SMs are 2.2 waves, so by the
@@ -41,7 +44,7 @@ struct WorkUnit {
 struct TileScheduler {
   int num_m_blocks = 0;  // query tiles per (head, batch entry)
   int heads = 0, batch = 0;
-  int section = 1;  // (head, batch) pairs per L2 section (longest-first order only)
+  int section = 1;  // at most this many (head, batch) pairs per L2 section (longest-first order only)
   bool longest_first = false;
   // Stream-K tail (sk_span = 0: off): tiles [0, dp_tiles) whole by the static stride (a multiple
   // of the grid), the rest in spans of sk_span key tiles; every tile has tile_iters key tiles.
@@ -86,12 +89,17 @@ struct TileScheduler {
       *m_block = idx % num_m_blocks;
       hb = idx / num_m_blocks;
     } else {
-      const int per_section = section * num_m_blocks;
-      const int sec = idx / per_section, within = idx % per_section;
+      // ceil(pairs / section) sections: the first `wide` of them q + 1 pairs wide, the rest q.
       const int pairs = heads * batch;
-      const int width = pairs - sec * section < section ? pairs - sec * section : section;
+      const int sections = (pairs + section - 1) / section;
+      const int q = pairs / sections, wide = pairs % sections;
+      const int wide_tiles = wide * (q + 1) * num_m_blocks;
+      const bool in_wide = idx < wide_tiles;
+      const int width = in_wide ? q + 1 : q;
+      const int rest = in_wide ? idx : idx - wide_tiles;
+      const int sec = rest / (width * num_m_blocks), within = rest % (width * num_m_blocks);
       *m_block = num_m_blocks - 1 - within / width;
-      hb = sec * section + within % width;
+      hb = (in_wide ? 0 : wide * (q + 1)) + sec * width + within % width;
     }
     *h = hb % heads;
     *b = hb / heads;

@@ -45,13 +45,19 @@ TEST(TileScheduler, StaticOrderKeepsAHeadsTilesTogether) {
 }
 
 TEST(TileScheduler, CausalOrderIsLongestFirstWithinSections) {
-  const int m = 6, heads = 5, batch = 2, section = 4;  // 10 (head, batch) pairs: sections of 4, 4, 2
+  // 10 (head, batch) pairs, at most 4 per section: three sections, of 4, 3 and 3 pairs (not 4, 4
+  // and 2, whose last would run its longest tiles alone at the end).
+  const int m = 6, heads = 5, batch = 2, section = 4;
   TileScheduler s{m, heads, batch, section, true};
+  const int first_pair[] = {0, 4, 7, 10};
+  auto section_of = [&](int pair) { return int(std::upper_bound(first_pair, first_pair + 4, pair) - first_pair) - 1; };
+  std::vector<int> tiles_per_section(3, 0);
   int prev_m = m, prev_section = 0;
   for (int i = 0; i < s.num_tiles(); ++i) {
     int mb, h, b;
     s.tile(i, &mb, &h, &b);
-    const int sec = (h + heads * b) / section;
+    const int sec = section_of(h + heads * b);
+    ++tiles_per_section[sec];
     ASSERT_GE(sec, prev_section) << i;
     if (sec != prev_section) {
       ASSERT_EQ(mb, m - 1) << "tile " << i << ": a section starts with its longest tiles";
@@ -61,6 +67,7 @@ TEST(TileScheduler, CausalOrderIsLongestFirstWithinSections) {
     }
     prev_m = mb;
   }
+  EXPECT_EQ(tiles_per_section, (std::vector<int>{4 * m, 3 * m, 3 * m}));
 }
 
 // A forward call's shape, as the builder reads it.
