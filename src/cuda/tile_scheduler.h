@@ -1,5 +1,6 @@
-// The order of the forward's work tiles (query tile, head, batch), shared by both GPU paths (the
-// Hopper backward orders its key tiles with the same struct, bwd_launch.cuh): the
+// The order of the forward's work tiles (query tile, head, batch), shared by both GPU paths (both
+// backwards order their key tiles with the same struct under a right bound, the lowest key tile as
+// the longest: sm90/bwd_launch.cuh, sm80/bwd_kernel.cuh): the
 // Hopper forward's persistent CTAs walk the tile indices (a static stride, or drawn from a
 // counter), and the portable forward launches one CTA per tile index (the hardware starts CTAs
 // in index order).

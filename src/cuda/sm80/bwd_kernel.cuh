@@ -45,6 +45,7 @@
 #include "cuda/ptx/sm80.cuh"
 #include "cuda/ptx/sm90.cuh"  // stmatrix (sm90 builds)
 #include "cuda/sm80/smem_tile.cuh"
+#include "cuda/tile_scheduler.h"
 #include "cuda/tile_size.h"
 
 namespace flashattn::cuda::sm80 {
@@ -207,7 +208,8 @@ struct Walk {
 // the turns' registers and instructions.
 template <class T, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
-    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws, TurnOrder turns) {
+    backward_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws, TurnOrder turns,
+                    TileScheduler order) {
   using E = typename T::Element;
   using Mma = ptx::Mma<E>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -223,7 +225,21 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const int warp_ks = warp % T::kKeyWarpsS, warp_qs = warp / T::kKeyWarpsS;      // phase 1
   const int warp_kkv = warp % T::kKeyWarpsKV, warp_dkv = warp / T::kKeyWarpsKV;  // phase 2
   const int warp_mq = warp % T::kRowWarpsQ, warp_dq = warp / T::kRowWarpsQ;      // phase 3
-  const int hk = blockIdx.y, b = blockIdx.z;
+  // The grid is (key tiles, KV heads, batch). Under a right bound the default mode takes its key
+  // tile from `order` instead (tile_scheduler.h: (KV head, batch) pairs in L2 sections, the longest
+  // key tiles, the lowest, first within each), so that the launch ends with short key tiles; in the
+  // grid's own order the last pair's longest key tile starts in the last wave and runs the tail.
+  int hk = blockIdx.y, b = blockIdx.z;
+  int64_t n_grid = blockIdx.x;
+  if constexpr (!kDeterministic) {
+    if (order.longest_first) {
+      int m, h, bb;
+      order.tile(int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), &m, &h, &bb);
+      n_grid = order.num_m_blocks - 1 - m;
+      hk = h;
+      b = bb;
+    }
+  }
   const int group = int(p.heads_q / p.heads_kv);
 
   int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
@@ -275,7 +291,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   if (kDeterministic && turns == TurnOrder::up && gridDim.y * gridDim.z > 1 && blockIdx.y == gridDim.y - 1 &&
       blockIdx.z == gridDim.z - 1)
     turns = TurnOrder::down;
-  const int64_t n = kDeterministic && turns == TurnOrder::up ? int64_t(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
+  const int64_t n = kDeterministic && turns == TurnOrder::up ? int64_t(gridDim.x) - 1 - blockIdx.x : n_grid;
   if (n >= n_blocks) return;
   const int64_t key0 = n * T::kBlockN;
   const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
