@@ -1,9 +1,8 @@
 // The order of the forward's work tiles (query tile, head, batch), shared by both GPU paths (both
-// backwards order their key tiles with the same struct under a right bound, the lowest key tile as
-// the longest: sm90/bwd_launch.cuh, sm80/bwd_kernel.cuh): the
-// Hopper forward's persistent CTAs walk the tile indices (a static stride, or drawn from a
-// counter), and the portable forward launches one CTA per tile index (the hardware starts CTAs
-// in index order).
+// backwards order their key tiles with the same struct under a right bound, make_key_tile_order):
+// the Hopper forward's persistent CTAs walk the tile indices (a static stride, or drawn from a
+// counter), and the portable forward launches one CTA per tile index (the hardware starts CTAs in
+// index order).
 //
 // Order of the tiles:
 //   * no right bound (non-causal): every tile costs the same; tiles of one head are adjacent (the
@@ -125,6 +124,24 @@ inline TileScheduler make_tile_scheduler(const core::ForwardParams& p, int block
   s.longest_first = p.window_right >= 0;
   const double kv_bytes_per_head = 2.0 * double(p.seqlen_k) * double(p.head_dim) * 2 / double(p.group());
   s.section = l2_section(kv_bytes_per_head, double(p.heads_q) * double(p.batch), l2_bytes);
+  return s;
+}
+
+// The order of a backward call's key tiles (n_blocks per (KV head, batch) pair; both paths): under
+// a right bound and outside the deterministic mode (`ordered`, whose turns fix the launch order
+// themselves) longest first, the lowest key tile being the longest, with the pairs in sections
+// whose query-side data (Q and dO in 16 bits, the fp32 dQ accumulator, of tile_dim columns for
+// every query head of the group) fill at most half the L2, so the CTAs running at once find it
+// there. Tile indices are int: a call with more key tiles keeps the grid's own order.
+inline TileScheduler make_key_tile_order(const core::ForwardParams& p, int64_t n_blocks, int64_t tile_dim, bool ordered,
+                                         int l2_bytes) {
+  TileScheduler s;
+  s.num_m_blocks = int(n_blocks < INT_MAX ? n_blocks : INT_MAX);
+  s.heads = int(p.heads_kv);
+  s.batch = int(p.batch);
+  s.longest_first = !ordered && p.window_right >= 0 && n_blocks * p.heads_kv * p.batch <= INT_MAX;
+  s.section = l2_section(8.0 * double(p.seqlen_q) * double(tile_dim) * double(p.group()),
+                         double(p.heads_kv) * double(p.batch), l2_bytes);
   return s;
 }
 

@@ -2,7 +2,8 @@
 // promises are checked here, where CI runs. Every index maps to a distinct (query tile, head,
 // batch); without a right bound a head's query tiles are adjacent; with one, tiles come longest
 // first within each L2 section of heads, and sections cover the heads in order; a section's K and
-// V fit in half the L2; the stream-K tail's units; the stride's CTA pairs on adjacent query tiles.
+// V fit in half the L2; the backward's key-tile order; the stream-K tail's units; the stride's CTA
+// pairs on adjacent query tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,6 +103,24 @@ TEST(TileScheduler, SectionsFitHalfTheL2) {
   EXPECT_FALSE(s.longest_first);
   EXPECT_EQ(s.num_m_blocks, 8);
   EXPECT_EQ(s.num_tiles(), 8 * 8 * 2);
+}
+
+TEST(TileScheduler, BackwardKeyTilesLongestFirstUnderARightBound) {
+  using flashattn::cuda::make_key_tile_order;
+  const int l2 = 50 << 20;
+  // 2k queries at d=128: Q, dO and the dQ accumulator take 8 x 2048 x 128 bytes = 2 MB per (KV
+  // head, batch) pair, so 12 pairs per section; 4 query heads per KV head take four times that.
+  TileScheduler s = make_key_tile_order(shape(2048, 2048, 16, 16, 8, 0, 128), 16, 128, false, l2);
+  EXPECT_TRUE(s.longest_first);
+  EXPECT_EQ(s.num_m_blocks, 16);
+  EXPECT_EQ(s.heads * s.batch, 128);
+  EXPECT_EQ(s.section, 12);
+  EXPECT_EQ(make_key_tile_order(shape(2048, 2048, 32, 8, 8, 0, 128), 16, 128, false, l2).section, 3);
+  // No right bound, or the deterministic mode's own order, or more key tiles than an int counts:
+  // the grid's order.
+  EXPECT_FALSE(make_key_tile_order(shape(2048, 2048, 16, 16, 8, -1, 128), 16, 128, false, l2).longest_first);
+  EXPECT_FALSE(make_key_tile_order(shape(2048, 2048, 16, 16, 8, 0, 128), 16, 128, true, l2).longest_first);
+  EXPECT_FALSE(make_key_tile_order(shape(2048, 2048, 16, 16, 8, 0, 128), int64_t(1) << 28, 128, false, l2).longest_first);
 }
 
 // The stream-K tail: every key tile of every work tile is computed exactly once; the whole waves

@@ -68,16 +68,10 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
   if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
-  // The default mode's order under a right bound: longest key tiles first, (KV head, batch) pairs
-  // in sections whose Q, dO (16-bit) and dQ accumulator (fp32) fit half the L2, as on the Hopper
-  // path (bwd_kernel.cuh says why).
-  TileScheduler order;
-  order.num_m_blocks = int(std::min<int64_t>(n_blocks, INT_MAX));
-  order.heads = int(p.heads_kv);
-  order.batch = int(p.batch);
-  order.longest_first = !p.deterministic && p.window_right >= 0 && n_blocks * p.heads_kv * p.batch <= INT_MAX;
-  order.section = l2_section(8.0 * double(p.seqlen_q) * double(p.head_dim) * double(p.group()),
-                             double(p.heads_kv) * double(p.batch), current_device_attribute(cudaDevAttrL2CacheSize));
+  // The default mode's key tiles under a right bound: longest first in L2 sections, as on the
+  // Hopper path (bwd_kernel.cuh says why).
+  const TileScheduler order =
+      make_key_tile_order(p, n_blocks, p.head_dim, p.deterministic, current_device_attribute(cudaDevAttrL2CacheSize));
 
   if (n_blocks > 0) {
     kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(p, ws, turns,

@@ -84,12 +84,7 @@ bool launch_backward_hopper(const core::BackwardParams& p, cudaStream_t stream) 
   sm90::BwdSchedule& sched = P.sched;
   sched.turns = turns;
   TileScheduler& order = sched.order;
-  order.num_m_blocks = int(n_blocks);
-  order.heads = int(p.heads_kv);
-  order.batch = int(p.batch);
-  order.longest_first = !kOrdered && p.window_right >= 0;
-  order.section = l2_section(8.0 * double(p.seqlen_q) * double(kTileDim) * double(p.group()),
-                             double(p.heads_kv) * double(p.batch), current_device_attribute(cudaDevAttrL2CacheSize));
+  order = make_key_tile_order(p, n_blocks, kTileDim, kOrdered, current_device_attribute(cudaDevAttrL2CacheSize));
   // d = 256: the grid (2 x key tiles, KV heads, batch); else a 1-D grid over `order`.
   const int64_t tiles = kWide ? n_blocks : int64_t(order.num_tiles());
   const bool persistent = !kWide && !kOrdered;
