@@ -30,6 +30,11 @@ struct BwdWorkspace {
   // added their part; key tiles add in order, each waiting for its turn. Indexed [heads_q][tiles
   // per head] by the tiled layout's tile numbers (bwd_layout.h), on both paths.
   int* dq_turn = nullptr;
+  // Portable path, default mode, the cut tail (sm80/bwd_launch.cuh; tail_parts = 0: off): CTAs
+  // from tail_dp_tiles on each take one of tail_parts pieces of a key tile of the last, partial
+  // wave, and leave its fp32 dK and dV in tail_partial for the merge kernel.
+  int tail_dp_tiles = 0, tail_parts = 0;
+  float* tail_partial = nullptr;
   int tile_m = 0;             // 0: dense rows; else tiled (see above)
   int64_t tiles_per_head = 0;  // query tiles per head in the tiled layout (and of dq_turn)
 };

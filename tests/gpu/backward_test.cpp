@@ -688,6 +688,48 @@ TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
     });
 }
 
+// The portable path's cut tail: without a mask, key tiles filling whole waves of SMs and part of
+// one more have the last, partial wave's tiles computed in pieces (shares of the query tiles) on
+// separate CTAs and merged (sm80/bwd_launch.cuh). On a 132-SM H100/H200 these shapes are cut
+// (one CTA per SM: 160, 192 and 144 key tiles), with a partial last key and query tile, GQA,
+// seqlen_q != seqlen_k and softcap; the gradients are within the rule and dk, dv repeat bitwise.
+TEST_F(GpuBackward, PortableTailCutIntoPieces) {
+  ScopedEnv force("FLASHATTN_GPU_BACKWARD", "portable");
+  struct Shape {
+    int64_t d, batch, hq, hkv, sq, sk;
+    float softcap;
+  };
+  uint32_t seed = 520;
+  for (const Shape& sh : {Shape{64, 5, 20, 4, 1000, 1000, 0.f}, Shape{256, 3, 8, 4, 1000, 1000, 5.f},
+                          Shape{128, 4, 8, 4, 700, 1100, 0.f}}) {
+    Case c;
+    c.batch = sh.batch;
+    c.heads_q = sh.hq;
+    c.heads_kv = sh.hkv;
+    c.seqlen_q = sh.sq;
+    c.seqlen_k = sh.sk;
+    c.head_dim = sh.d;
+    c.softcap = sh.softcap;
+    SCOPED_TRACE(describe(c));
+    if (skip_unbuilt("bwd", c.head_dim, c.dtype)) continue;
+    Problem pr(c, seed++);
+    pr.forward();
+    pr.d_out->copy_to(pr.out);
+    pr.d_lse->copy_to(pr.lse);
+    auto ref = flashattn::reference::backward(pr.host_args());
+    auto plain = flashattn::reference::backward(pr.host_args(), flashattn::reference::Precision::same_as_input);
+    pr.backward();
+    expect_path(c, true);
+    EXPECT_TRUE(within_rule(pr.dq.values(), ref.dq, plain.dq, c.dtype, 3.0, "dq"));
+    EXPECT_TRUE(within_rule(pr.dk.values(), ref.dk, plain.dk, c.dtype, 3.0, "dk"));
+    EXPECT_TRUE(within_rule(pr.dv.values(), ref.dv, plain.dv, c.dtype, 3.0, "dv"));
+    const std::vector<unsigned char> dk0 = pr.dk.storage, dv0 = pr.dv.storage;
+    pr.backward();
+    EXPECT_EQ(pr.dk.storage, dk0);
+    EXPECT_EQ(pr.dv.storage, dv0);
+  }
+}
+
 // Training loops capture the backward in CUDA graphs. Captured on a stream of its own (workspace
 // from the stream-ordered allocator, more work tiles than SMs so that the persistent CTAs draw
 // them from the counter the preprocess kernel zeroes) and replayed twice, it gives what a direct

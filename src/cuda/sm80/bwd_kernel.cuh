@@ -229,8 +229,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   // tile from `order` instead (tile_scheduler.h: (KV head, batch) pairs in L2 sections, the longest
   // key tiles, the lowest, first within each), so that the launch ends with short key tiles; in the
   // grid's own order the last pair's longest key tile starts in the last wave and runs the tail.
+  // With the cut tail (ws.tail_parts > 0, a 1-D grid in the grid's order) the CTAs from
+  // ws.tail_dp_tiles on take one piece each of the last, partial wave's key tiles (tail_piece).
   int hk = blockIdx.y, b = blockIdx.z;
   int64_t n_grid = blockIdx.x;
+  int tail_piece = -1;
   if constexpr (!kDeterministic) {
     if (order.longest_first) {
       int m, h, bb;
@@ -238,6 +241,16 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       n_grid = order.num_m_blocks - 1 - m;
       hk = h;
       b = bb;
+    } else if (ws.tail_parts > 0) {
+      int idx = int(blockIdx.x);
+      if (idx >= ws.tail_dp_tiles) {
+        tail_piece = idx - ws.tail_dp_tiles;
+        idx = ws.tail_dp_tiles + tail_piece / ws.tail_parts;
+      }
+      const int hb = idx / order.num_m_blocks;
+      n_grid = idx % order.num_m_blocks;
+      hk = hb % order.heads;
+      b = hb / order.heads;
     }
   }
   const int group = int(p.heads_q / p.heads_kv);
@@ -296,9 +309,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   const int64_t key0 = n * T::kBlockN;
   const int keys_valid = int(sk - key0 < T::kBlockN ? sk - key0 : T::kBlockN);
   const core::QueryTiles q_tiles = core::query_tiles_seeing(mask, key0, key0 + keys_valid, T::kBlockM);
-  const int64_t m_begin = q_tiles.m_begin;
-  const int m_count = int(q_tiles.m_end - m_begin);  // query tiles per head (one sequence's: 32 bits)
-  const int steps = m_count * group;                  // (query head, query tile) pairs, tiles fastest
+  int64_t m_begin = q_tiles.m_begin;
+  int m_count = int(q_tiles.m_end - m_begin);  // query tiles per head (one sequence's: 32 bits)
+  // A piece of a cut tile walks an equal share of the query tiles (of every query head of the
+  // group). As a narrower range of query tiles it costs the step loop nothing: a range of steps
+  // kept live through it took ptxas past the registers at d=128 (68-88 bytes of spills).
+  if (!kDeterministic && tail_piece >= 0) {
+    const int part = tail_piece % ws.tail_parts, lo = part * m_count / ws.tail_parts;
+    m_count = (part + 1) * m_count / ws.tail_parts - lo;
+    m_begin += lo;
+  }
+  const int steps = m_count * group;  // (query head, query tile) pairs, tiles fastest
   // The steps on these query tiles need no element-wise mask.
   const core::QueryTiles unmasked = core::query_tiles_unmasked(mask, key0, T::kBlockN, T::kBlockM);
   const Walk<kDeterministic> walk(m_count, n, n_blocks, turns);
@@ -646,7 +667,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   if constexpr (kDeterministic)
     if (threadIdx.x == 0 && passing != nullptr) ptx::thread_pass_turn(passing);
 
-  // dK, dV of this key tile, written once (all query heads of the group are in).
+  // dK, dV of this key tile, written once (all query heads of the group are in); a piece of a cut
+  // tile (default mode) writes its fp32 dK and dV to its slot instead, [kBlockN][kHeadDim] each,
+  // and backward_tail_merge_kernel adds the tile's pieces up once this kernel is done. (Stored in
+  // a block of their own after the loop, the slot's stores took registers from the step loop:
+  // ptxas spilled 16-32 bytes more at d=128 and 256.)
+  float* part = nullptr;
+  if constexpr (!kDeterministic)
+    if (ws.tail_parts > 0 && int(blockIdx.x) >= ws.tail_dp_tiles)
+      part = ws.tail_partial + int64_t(int(blockIdx.x) - ws.tail_dp_tiles) * 2 * T::kBlockN * T::kHeadDim;
 #pragma unroll
   for (int i = 0; i < T::kTilesKV; ++i)
 #pragma unroll
@@ -659,12 +688,58 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
       for (int j = 0; j < T::kColsKV / 8; ++j) {
         const int col = 8 * (d_chunk_kv + j) + 2 * t;
         if (col >= p.head_dim) continue;
+        if (part != nullptr) {
+          float* at = part + row * T::kHeadDim + col;
+          *reinterpret_cast<float2*>(at) = make_float2(acc_dk[i][j][2 * rr], acc_dk[i][j][2 * rr + 1]);
+          *reinterpret_cast<float2*>(at + T::kBlockN * T::kHeadDim) =
+              make_float2(acc_dv[i][j][2 * rr], acc_dv[i][j][2 * rr + 1]);
+          continue;
+        }
         *reinterpret_cast<uint32_t*>(dk + col) =
             ptx::thread_pack2<E>(acc_dk[i][j][2 * rr] * p.scale, acc_dk[i][j][2 * rr + 1] * p.scale);
         *reinterpret_cast<uint32_t*>(dv + col) =
             ptx::thread_pack2<E>(acc_dv[i][j][2 * rr], acc_dv[i][j][2 * rr + 1]);
       }
     }
+}
+
+// The cut tail's merge (backward_kernel's default mode): adds each cut key tile's pieces' fp32 dK
+// and dV up in piece order (so repeated runs give the same bits) and writes the tile. Grid: (cut
+// tiles, chunks of kMergeThreads float4s of a tile), a float4 of dK and of dV per thread, so that
+// the merge's reads spread over the GPU (one CTA per tile read a d=64 tile's 16 pieces, 1 MB, with
+// 128 threads).
+constexpr int kMergeThreads = 256;
+template <class T>
+constexpr int tail_merge_chunks() {
+  return (T::kBlockN * T::kHeadDim / 4 + kMergeThreads - 1) / kMergeThreads;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kMergeThreads)
+    backward_tail_merge_kernel(const __grid_constant__ core::BackwardParams p, BwdWorkspace ws, TileScheduler order) {
+  using E = typename T::Element;
+  constexpr int kTile = T::kBlockN * T::kHeadDim;
+  const int e = 4 * (int(blockIdx.y) * kMergeThreads + int(threadIdx.x));
+  const int idx = ws.tail_dp_tiles + int(blockIdx.x), hb = idx / order.num_m_blocks;
+  const int64_t key0 = int64_t(idx % order.num_m_blocks) * T::kBlockN;
+  const int row = e / T::kHeadDim, col = e % T::kHeadDim;
+  if (e >= kTile || key0 + row >= p.seqlen_k || col >= p.head_dim) return;
+  const int hk = hb % order.heads, b = hb / order.heads;
+  const float* slot = ws.tail_partial + int64_t(blockIdx.x) * ws.tail_parts * 2 * kTile + e;
+  float4 k = make_float4(0.f, 0.f, 0.f, 0.f), v = k;
+  for (int part = 0; part < ws.tail_parts; ++part, slot += 2 * kTile) {
+    const float4 pk = *reinterpret_cast<const float4*>(slot), pv = *reinterpret_cast<const float4*>(slot + kTile);
+    k.x += pk.x, k.y += pk.y, k.z += pk.z, k.w += pk.w;
+    v.x += pv.x, v.y += pv.y, v.z += pv.z, v.w += pv.w;
+  }
+  // head_dim is a multiple of 8, so the four columns are all in or all out; 32-bit stores, as
+  // the user's dK and dV rows are only 4-byte aligned.
+  E* dk = static_cast<E*>(p.dk) + p.dk_s.offset(b, key0 + row, hk) + col;
+  E* dv = static_cast<E*>(p.dv) + p.dv_s.offset(b, key0 + row, hk) + col;
+  reinterpret_cast<uint32_t*>(dk)[0] = ptx::thread_pack2<E>(k.x * p.scale, k.y * p.scale);
+  reinterpret_cast<uint32_t*>(dk)[1] = ptx::thread_pack2<E>(k.z * p.scale, k.w * p.scale);
+  reinterpret_cast<uint32_t*>(dv)[0] = ptx::thread_pack2<E>(v.x, v.y);
+  reinterpret_cast<uint32_t*>(dv)[1] = ptx::thread_pack2<E>(v.z, v.w);
 }
 
 }  // namespace flashattn::cuda::sm80

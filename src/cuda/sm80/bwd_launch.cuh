@@ -62,18 +62,64 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   // (sm80::FragmentDq); else dQ's rows.
   const size_t accum_bytes = T::kFragmentDq ? size_t(p.heads_q * ws.tiles_per_head) * T::kBlockM * T::kHeadDim * 4
                                             : size_t(rows * p.head_dim) * 4;
-  // The turn counters follow the dQ accumulator and are zeroed with it.
+  const int64_t key_tiles = n_blocks * p.heads_kv * p.batch;
+  // The cut tail (default mode, no mask, fixed lengths: every key tile walks the same query
+  // tiles). When the key tiles fill whole waves of resident CTAs and part of one more, the last,
+  // partial wave's r tiles go in `parts` pieces, each an equal share of the query tiles, one CTA
+  // each, so that the tail's work spreads over the GPU instead of leaving most SMs idle for a
+  // whole tile's time; backward_tail_merge_kernel then adds each cut tile's pieces up. A piece
+  // costs about one query tile more than its share (its K and V loads, its fp32 dK and dV out and
+  // back). `parts` minimizes the tail's time in query tiles, ceil(r parts / slots) (ceil(query
+  // tiles / parts) + 1), against one whole tile's, within kTailBytes of partials.
+  constexpr size_t kTailBytes = size_t(64) << 20;
+  const size_t piece_bytes = size_t(2) * T::kBlockN * T::kHeadDim * 4;  // a piece's fp32 dK and dV
+  int64_t tail_tiles = 0;
+  int parts = 0;
+  if (!p.deterministic && p.window_left < 0 && p.window_right < 0 && p.cu_seqlens_q == nullptr &&
+      key_tiles <= INT_MAX / 16 && query_tiles >= 2 && query_tiles * 16 <= INT_MAX) {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int64_t slots = int64_t(sms) * per_sm;
+    const int64_t r = slots > 0 ? key_tiles % slots : 0;
+    if (slots > 0 && key_tiles > slots && r > 0) {
+      int64_t best = query_tiles;
+      for (int k = 2; k <= 16 && k <= query_tiles && size_t(r) * k * piece_bytes <= kTailBytes; ++k) {
+        const int64_t cost = (r * k + slots - 1) / slots * ((query_tiles + k - 1) / k + 1);
+        if (cost < best) {
+          best = cost;
+          parts = k;
+        }
+      }
+      if (parts > 0) tail_tiles = r;
+    }
+  }
+  // The turn counters (deterministic mode) follow the dQ accumulator and are zeroed with it; the
+  // cut tiles' partial dK and dV (default mode) take their place, not zeroed.
   const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * 4 : 0;
-  const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes), stream);
+  const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + size_t(tail_tiles) * parts * piece_bytes),
+                               stream);
   start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
-  if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes);
+  unsigned char* after_accum = reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes;
+  if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(after_accum);
+  if (parts > 0) {
+    ws.tail_dp_tiles = int(key_tiles - tail_tiles);
+    ws.tail_parts = parts;
+    ws.tail_partial = reinterpret_cast<float*>(after_accum);
+  }
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
   // The default mode's key tiles under a right bound: longest first in L2 sections, as on the
   // Hopper path (bwd_kernel.cuh says why).
   const TileScheduler order =
       make_key_tile_order(p, n_blocks, p.head_dim, p.deterministic, current_device_attribute(cudaDevAttrL2CacheSize));
 
-  if (n_blocks > 0) {
+  if (parts > 0) {
+    kernel<<<unsigned(ws.tail_dp_tiles + tail_tiles * parts), T::kThreads, T::kSmemBytes, stream>>>(p, ws, turns, order);
+    check_launch("flashattn backward kernel (portable path)");
+    const dim3 merge_grid(unsigned(tail_tiles), unsigned(sm80::tail_merge_chunks<T>()));
+    sm80::backward_tail_merge_kernel<T><<<merge_grid, sm80::kMergeThreads, 0, stream>>>(p, ws, order);
+    check_launch("flashattn backward tail merge kernel (portable path)");
+  } else if (n_blocks > 0) {
     kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_kv), batch), T::kThreads, T::kSmemBytes, stream>>>(p, ws, turns,
                                                                                                          order);
     check_launch("flashattn backward kernel (portable path)");
