@@ -80,7 +80,10 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = fal
     // (whose baseline ran 2-4% below its usual figures); causal (call 2) 0.958 / 0.994 / 1.001 /
     // 1.047, the 128-row tiles computing twice the masked keys on the diagonal, so a right bound
     // keeps the 4-warp tile. Same call: pairs of 4 warps (64 rows, two CTAs per SM) 1.010-1.027,
-    // causal 0.983-1.020; call 3: the 8-warp pairs on a two-stage ring (208 KB) 0.967-0.996.
+    // causal 0.983-1.020; call 3: the 8-warp pairs on a two-stage ring (208 KB) 0.967-0.996. The
+    // 4-warp tile again, for d=256 2k (0.993 of FlashAttention-2, the H200's session 49 bars), on
+    // an H100 against these pairs (bench/results/h200_session49_2026-12-06.txt, call 6), 1k / 2k /
+    // 4k / 8k: 1.035 / 0.982 / 0.931 / 0.931.
     if (head_dim == 256 && !right_bound) return {64, 8, 2, 1, false, 2};
     switch (head_dim) {
       case 32:  return {64, 4, 2, 2, false};   // as d=64
