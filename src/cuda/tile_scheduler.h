@@ -176,4 +176,38 @@ inline void plan_stream_k(TileScheduler& s, int grid, int64_t tile_iters) {
   if (waves > 2 || cut >= whole) s.sk_span = 0;
 }
 
+// The portable backward's cut tail (default mode, no mask, fixed lengths: every key tile walks the
+// same query_tiles query tiles). When key_tiles fill whole waves of `slots` resident CTAs and part
+// of one more, the last, partial wave's r tiles go in `parts` pieces, each an equal share of the
+// query tiles on a CTA of its own, so that the tail's work spreads over the GPU instead of leaving
+// most SMs idle for a whole tile's time; sm80/bwd_kernel.cuh's merge kernel then adds each cut
+// tile's pieces up. A piece costs about one query tile more than its share (its K and V loads, its
+// fp32 dK and dV out and back). `parts` minimizes the tail's time in query tiles, ceil(r parts /
+// slots) (ceil(query tiles / parts) + 1), against one whole tile's, at most 16 and within
+// max_bytes of partials (piece_bytes each). {0, 0}: the plain grid. H200 (session 49, bench/results/
+// h200_session49_2026-12-06.txt, call 3): 1.02-1.03x at d=128 and 256, 4k-16k.
+struct TailPieces {
+  int64_t tiles = 0;  // the cut key tiles: the last `tiles` of the grid's order
+  int parts = 0;      // pieces per cut tile
+};
+
+inline TailPieces plan_tail_pieces(int64_t key_tiles, int64_t query_tiles, int64_t slots, int64_t piece_bytes,
+                                   int64_t max_bytes) {
+  TailPieces t;
+  const int64_t r = slots > 0 ? key_tiles % slots : 0;
+  // Tile and piece indices are int, and so is a piece's bound on the query tiles, part * count.
+  if (r == 0 || key_tiles < slots || key_tiles > INT_MAX / 16 || query_tiles < 2 || query_tiles > INT_MAX / 16)
+    return t;
+  int64_t best = query_tiles;
+  for (int k = 2; k <= 16 && k <= query_tiles && r * k * piece_bytes <= max_bytes; ++k) {
+    const int64_t cost = (r * k + slots - 1) / slots * ((query_tiles + k - 1) / k + 1);
+    if (cost < best) {
+      best = cost;
+      t.parts = k;
+    }
+  }
+  if (t.parts > 0) t.tiles = r;
+  return t;
+}
+
 }  // namespace flashattn::cuda

@@ -201,6 +201,33 @@ TEST(TileScheduler, StreamKOnlyWhereItPays) {
   for (int j = 0; off.unit(5, 132, j, &u); ++j) EXPECT_EQ(u.idx, 5 + 132 * j);
 }
 
+// The portable backward's cut tail (src/cuda/sm80/bwd_launch.cuh): only a partial last wave is
+// cut, into pieces that finish it sooner than one whole key tile would, within the partials' memory.
+TEST(TileScheduler, TailPiecesOnlyWhereTheyPay) {
+  using flashattn::cuda::plan_tail_pieces;
+  constexpr int64_t kPiece = 2 * 64 * 256 * 4, kMax = int64_t(64) << 20;  // d=256: 64 keys' dK, dV
+  // d=256 at 16k tokens on 132 SMs: 2048 key tiles of 256 query tiles, 15 waves and 68 tiles.
+  const auto anchors = plan_tail_pieces(2048, 256, 132, kPiece, kMax);
+  EXPECT_EQ(anchors.tiles, 68);
+  EXPECT_EQ(anchors.parts, 7);  // 8 would pass 64 MB of partials
+  EXPECT_EQ(plan_tail_pieces(2048, 256, 132, kPiece, 68 * 3 * kPiece).parts, 3);
+  EXPECT_EQ(plan_tail_pieces(264, 256, 132, kPiece, kMax).parts, 0);  // whole waves
+  EXPECT_EQ(plan_tail_pieces(100, 256, 132, kPiece, kMax).parts, 0);  // one partial wave only
+  EXPECT_EQ(plan_tail_pieces(263, 4, 132, kPiece, kMax).parts, 0);    // 131 short tiles: no gain
+  EXPECT_EQ(plan_tail_pieces(2048, 1, 132, kPiece, kMax).parts, 0);   // one query tile
+  EXPECT_EQ(plan_tail_pieces(2048, 256, 0, kPiece, kMax).parts, 0);   // no resident CTA
+  for (int64_t key_tiles = 133; key_tiles < 800; key_tiles += 37)
+    for (int64_t query_tiles : {2, 5, 16, 64, 257}) {
+      const auto t = plan_tail_pieces(key_tiles, query_tiles, 132, kPiece, kMax);
+      if (t.parts == 0) continue;
+      EXPECT_EQ(t.tiles, key_tiles % 132);
+      EXPECT_LE(t.parts, 16);
+      EXPECT_LE(t.tiles * t.parts * kPiece, kMax);
+      const int64_t cut = (t.tiles * t.parts + 131) / 132 * ((query_tiles + t.parts - 1) / t.parts + 1);
+      EXPECT_LT(cut, query_tiles) << key_tiles << " key tiles of " << query_tiles;
+    }
+}
+
 // The Hopper forward's CTA pairs (src/cuda/sm90/fwd_launch.cuh) rest on the plain stride: with an
 // even grid and an even number of query tiles per head, CTAs 2c and 2c + 1 take, at every step,
 // query tiles 2i and 2i + 1 of one (head, batch), and both run out of tiles at the same step (the

@@ -690,9 +690,10 @@ TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
 
 // The portable path's cut tail: without a mask, key tiles filling whole waves of SMs and part of
 // one more have the last, partial wave's tiles computed in pieces (shares of the query tiles) on
-// separate CTAs and merged (sm80/bwd_launch.cuh). On a 132-SM H100/H200 these shapes are cut
-// (one CTA per SM: 160, 192 and 144 key tiles), with a partial last key and query tile, GQA,
-// seqlen_q != seqlen_k and softcap; the gradients are within the rule and dk, dv repeat bitwise.
+// separate CTAs and merged (tile_scheduler.h, plan_tail_pieces). On a 132-SM H100/H200 these
+// shapes are cut (one CTA per SM: 160, 192 and 144 key tiles), with a partial last key and query
+// tile, GQA, seqlen_q != seqlen_k and softcap; the gradients are within the rule and dk, dv repeat
+// bitwise.
 TEST_F(GpuBackward, PortableTailCutIntoPieces) {
   ScopedEnv force("FLASHATTN_GPU_BACKWARD", "portable");
   struct Shape {

@@ -49,62 +49,37 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   // sequence's key tiles fit twice over in the CTAs the GPU holds at once.
   BwdWorkspace ws;
   ws.tiles_per_head = tiles_per_head(p, T::kBlockM);
-  TurnOrder turns = TurnOrder::down;
-  if (p.deterministic) {
+  // The CTAs the GPU holds at once (for the turn order, and the default mode's cut tail below).
+  auto resident_ctas = [&] {
     int per_sm = 1;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    const int64_t resident = int64_t(sms) * std::max(per_sm, 1);
-    turns = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident);
-  }
+    return int64_t(sms) * std::max(per_sm, 1);
+  };
+  TurnOrder turns = TurnOrder::down;
+  if (p.deterministic) turns = turn_order(p.window_left, p.window_right, n_blocks, query_tiles, resident_ctas());
   const int64_t rows = p.total_q * p.heads_q;
   // The accumulator in fragment order where the table says, whole blocks per query tile
   // (sm80::FragmentDq); else dQ's rows.
   const size_t accum_bytes = T::kFragmentDq ? size_t(p.heads_q * ws.tiles_per_head) * T::kBlockM * T::kHeadDim * 4
                                             : size_t(rows * p.head_dim) * 4;
   const int64_t key_tiles = n_blocks * p.heads_kv * p.batch;
-  // The cut tail (default mode, no mask, fixed lengths: every key tile walks the same query
-  // tiles). When the key tiles fill whole waves of resident CTAs and part of one more, the last,
-  // partial wave's r tiles go in `parts` pieces, each an equal share of the query tiles, one CTA
-  // each, so that the tail's work spreads over the GPU instead of leaving most SMs idle for a
-  // whole tile's time; backward_tail_merge_kernel then adds each cut tile's pieces up. A piece
-  // costs about one query tile more than its share (its K and V loads, its fp32 dK and dV out and
-  // back). `parts` minimizes the tail's time in query tiles, ceil(r parts / slots) (ceil(query
-  // tiles / parts) + 1), against one whole tile's, within kTailBytes of partials.
-  constexpr size_t kTailBytes = size_t(64) << 20;
-  const size_t piece_bytes = size_t(2) * T::kBlockN * T::kHeadDim * 4;  // a piece's fp32 dK and dV
-  int64_t tail_tiles = 0;
-  int parts = 0;
-  if (!p.deterministic && p.window_left < 0 && p.window_right < 0 && p.cu_seqlens_q == nullptr &&
-      key_tiles <= INT_MAX / 16 && query_tiles >= 2 && query_tiles * 16 <= INT_MAX) {
-    int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    const int64_t slots = int64_t(sms) * per_sm;
-    const int64_t r = slots > 0 ? key_tiles % slots : 0;
-    if (slots > 0 && key_tiles > slots && r > 0) {
-      int64_t best = query_tiles;
-      for (int k = 2; k <= 16 && k <= query_tiles && size_t(r) * k * piece_bytes <= kTailBytes; ++k) {
-        const int64_t cost = (r * k + slots - 1) / slots * ((query_tiles + k - 1) / k + 1);
-        if (cost < best) {
-          best = cost;
-          parts = k;
-        }
-      }
-      if (parts > 0) tail_tiles = r;
-    }
-  }
+  // The cut tail (tile_scheduler.h, plan_tail_pieces) within 64 MB of partial dK and dV.
+  const int64_t piece_bytes = int64_t(2) * T::kBlockN * T::kHeadDim * 4;  // a piece's fp32 dK and dV
+  TailPieces tail;
+  if (!p.deterministic && p.window_left < 0 && p.window_right < 0 && p.cu_seqlens_q == nullptr)
+    tail = plan_tail_pieces(key_tiles, query_tiles, resident_ctas(), piece_bytes, int64_t(64) << 20);
   // The turn counters (deterministic mode) follow the dQ accumulator and are zeroed with it; the
   // cut tiles' partial dK and dV (default mode) take their place, not zeroed.
   const size_t turn_bytes = p.deterministic ? size_t(p.heads_q * ws.tiles_per_head) * 4 : 0;
-  const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + size_t(tail_tiles) * parts * piece_bytes),
-                               stream);
+  const size_t tail_bytes = size_t(tail.tiles * tail.parts * piece_bytes);
+  const WorkspaceMemory memory(workspace_bytes(rows, accum_bytes + turn_bytes + tail_bytes), stream);
   start_backward<Element>(p, ws, memory, rows, accum_bytes + turn_bytes, stream);
   unsigned char* after_accum = reinterpret_cast<unsigned char*>(ws.dq_accum) + accum_bytes;
   if (p.deterministic) ws.dq_turn = reinterpret_cast<int*>(after_accum);
-  if (parts > 0) {
-    ws.tail_dp_tiles = int(key_tiles - tail_tiles);
-    ws.tail_parts = parts;
+  if (tail.parts > 0) {
+    ws.tail_dp_tiles = int(key_tiles - tail.tiles);
+    ws.tail_parts = tail.parts;
     ws.tail_partial = reinterpret_cast<float*>(after_accum);
   }
   const unsigned hq = unsigned(p.heads_q), batch = unsigned(p.batch);
@@ -113,10 +88,10 @@ void launch_backward_portable(const core::BackwardParams& p, cudaStream_t stream
   const TileScheduler order =
       make_key_tile_order(p, n_blocks, p.head_dim, p.deterministic, current_device_attribute(cudaDevAttrL2CacheSize));
 
-  if (parts > 0) {
-    kernel<<<unsigned(ws.tail_dp_tiles + tail_tiles * parts), T::kThreads, T::kSmemBytes, stream>>>(p, ws, turns, order);
+  if (tail.parts > 0) {
+    kernel<<<unsigned(ws.tail_dp_tiles + tail.tiles * tail.parts), T::kThreads, T::kSmemBytes, stream>>>(p, ws, turns, order);
     check_launch("flashattn backward kernel (portable path)");
-    const dim3 merge_grid(unsigned(tail_tiles), unsigned(sm80::tail_merge_chunks<T>()));
+    const dim3 merge_grid(unsigned(tail.tiles), unsigned(sm80::tail_merge_chunks<T>()));
     sm80::backward_tail_merge_kernel<T><<<merge_grid, sm80::kMergeThreads, 0, stream>>>(p, ws, order);
     check_launch("flashattn backward tail merge kernel (portable path)");
   } else if (n_blocks > 0) {
