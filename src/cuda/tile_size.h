@@ -26,6 +26,12 @@ struct PortableFwdTile {
   // 2: warps in pairs on the same rows, splitting each tile's keys in S and the head dim in P V
   // (sm80::FwdTraits::kDSplit), which leaves each warp the registers of a second m-tile.
   int d_split = 1;
+  // O out through the Q tile's shared memory in 16-byte chunks of rows (sm80::FwdTraits::kStageO)
+  // instead of each quad's 4-byte pairs. On an H100 against the pairs' stores at d=256, 2k / 8k
+  // (bench/results/h200_session49_2026-12-06.txt, call 7): 1.019 / 1.007 without a mask, 1.027 /
+  // 1.006 causal (ptxas: the pair kernel's spills 48 -> 56 bytes). Off at the other head dims and in
+  // the sm80 build until measured there (ptxas: the same spills but d=96's, 4 bytes more).
+  bool stage_o = false;
   constexpr int block_m() const { return 16 * warps / d_split * m_tiles; }
 };
 
@@ -69,7 +75,11 @@ constexpr bool takes_large_entry(int optin, int bytes) { return optin >= kLargeS
 template <int kArch>
 constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = false, bool large_smem = false) {
   if constexpr (kArch < 90)
-    if (large_smem) return portable_fwd_tile<90>(head_dim, right_bound);
+    if (large_smem) {
+      PortableFwdTile t = portable_fwd_tile<90>(head_dim, right_bound);
+      t.stage_o = false;  // measured on sm90 code only
+      return t;
+    }
   if constexpr (kArch >= 90) {
     // H100/H200: 227 KB of shared memory per block; registers decide.
     // d=256 without a right bound: 8 warps in pairs (kDSplit), 128 rows, one CTA per SM: Q 64 KB +
@@ -84,14 +94,14 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = fal
     // 4-warp tile again, for d=256 2k (0.993 of FlashAttention-2, the H200's session 49 bars), on
     // an H100 against these pairs (bench/results/h200_session49_2026-12-06.txt, call 6), 1k / 2k /
     // 4k / 8k: 1.035 / 0.982 / 0.931 / 0.931.
-    if (head_dim == 256 && !right_bound) return {64, 8, 2, 1, false, 2};
+    if (head_dim == 256 && !right_bound) return {64, 8, 2, 1, false, 2, /*stage_o=*/true};
     switch (head_dim) {
       case 32:  return {64, 4, 2, 2, false};   // as d=64
       case 64:  return {64, 4, 2, 2, false};   // measured best; O 64 + S 64 regs, no spill
       case 96:  return {64, 4, 2, 1, false};   // as d=128
       case 128: return {64, 4, 2, 1, false};   // measured best; block_m 128, O 128 + S 64 regs, 64 KB
       case 192: return {64, 4, 1, 1, false};   // as d=256
-      default:  return {64, 4, 1, 1, false};   // 256: measured best; Q + K + V 96 KB: 2 CTAs per SM
+      default:  return {64, 4, 1, 1, false, 1, true};  // 256: measured best; Q + K + V 96 KB: 2 CTAs per SM
     }
   } else {
     // sm80 build: fit 99 KB per block (sm86/sm89) so one binary serves all of Ampere and Ada

@@ -33,7 +33,7 @@
 namespace flashattn::cuda::sm80 {
 
 template <int kHeadDim_, class Element_, int kBlockN_, int kWarps_, int kMTiles_, int kStages_, bool kQInRegs_,
-          int kMinCtas_ = 1, int kDSplit_ = 1>
+          int kMinCtas_ = 1, int kDSplit_ = 1, bool kStageO_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -46,6 +46,9 @@ struct FwdTraits {
   // leave it at 1 (capping spilled where tried).
   static constexpr int kMinCtas = kMinCtas_;
   static constexpr int kDSplit = kDSplit_;  // warps per row block: 1, or 2 splitting keys in S and the head dim in O
+  // O leaves through the Q tile's shared memory in 16-byte chunks of rows (tile_size.h says where)
+  // instead of each quad's 4-byte pairs.
+  static constexpr bool kStageO = kStageO_;
   static constexpr int kRowWarps = kWarps / kDSplit;
   static constexpr int kBlockM = 16 * kRowWarps * kMTiles;
   static constexpr int kThreads = 32 * kWarps;
@@ -420,27 +423,38 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) pair_l[mt][rr] += pair_slots(mt, rr)[side ^ 1];
   }
+  // O = o~ / l, from the accumulators (4-byte pairs of each quad's rows), or with kStageO through
+  // the Q tile's shared memory (free once every warp is past its last step) in whole 16-byte chunks
+  // of rows.
   E* o = static_cast<E*>(p.out) + p.o_s.offset(b, q0 + r0, h);
   float* lse = static_cast<float*>(p.lse);
+  if constexpr (T::kStageO) __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       float l = T::kDSplit > 1 ? pair_l[mt][rr] : ptx::quad_sum(row_sum[mt][rr]);
       int row = 16 * (rw * T::kMTiles + mt) + g + 8 * rr;
-      if (row >= rows_valid) continue;
       float inv = core::finalize_scale(l);
+      if (lse != nullptr && t == 0 && side == 0 && row < rows_valid)
+        lse[p.lse_s.offset(b, q0 + r0 + row, h)] = core::finalize_lse(row_max[mt][rr], l);
+      if (!T::kStageO && row >= rows_valid) continue;
       E* orow = o + int64_t(row) * p.o_s.row;
 #pragma unroll
       for (int j = 0; j < T::kDTiles; ++j) {
-        int col = v_col0 + 8 * j + 2 * t;
-        if (col < p.head_dim)
-          *reinterpret_cast<uint32_t*>(orow + col) =
-              ptx::thread_pack2<E>(acc_o[mt][j][2 * rr] * inv, acc_o[mt][j][2 * rr + 1] * inv);
+        const uint32_t pair = ptx::thread_pack2<E>(acc_o[mt][j][2 * rr] * inv, acc_o[mt][j][2 * rr + 1] * inv);
+        const int col = v_col0 + 8 * j + 2 * t;
+        if constexpr (T::kStageO)
+          *reinterpret_cast<uint32_t*>(sQ + Swizzle<T::kChunks>::offset(row, side * T::kDTiles + j) + 2 * t) = pair;
+        else if (col < p.head_dim)
+          *reinterpret_cast<uint32_t*>(orow + col) = pair;
       }
-      if (lse != nullptr && t == 0 && side == 0)
-        lse[p.lse_s.offset(b, q0 + r0 + row, h)] = core::finalize_lse(row_max[mt][rr], l);
     }
+  }
+  if constexpr (T::kStageO) {
+    __syncthreads();
+    const bool vec = (reinterpret_cast<uintptr_t>(o) | uintptr_t(p.o_s.row * int64_t(sizeof(E)))) % 16 == 0;
+    block_store_tile<T, T::kBlockM>(o, p.o_s.row, sQ, rows_valid, chunks_valid, vec);
   }
 }
 

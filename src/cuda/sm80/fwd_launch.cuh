@@ -33,7 +33,8 @@ void launch_forward_portable(const core::ForwardParams& p, cudaStream_t stream) 
 template <int kHeadDim, class Element, int kArch, bool kRightBound, bool kLargeSmem>
 struct PortableFwdShape {
   static constexpr PortableFwdTile t = portable_fwd_tile<kArch>(kHeadDim, kRightBound, kLargeSmem);
-  using Traits = sm80::FwdTraits<kHeadDim, Element, t.block_n, t.warps, t.m_tiles, t.stages, t.q_in_regs, 1, t.d_split>;
+  using Traits = sm80::FwdTraits<kHeadDim, Element, t.block_n, t.warps, t.m_tiles, t.stages, t.q_in_regs, 1, t.d_split,
+                                     t.stage_o>;
 };
 
 template <int kHeadDim, class Element, int kArch>

@@ -73,4 +73,30 @@ __device__ __forceinline__ void block_load_tile(typename T::Element* smem, const
   }
 }
 
+// All threads: copy rows [0, rows_valid) x chunks [0, chunks_valid) of a swizzled shared tile to
+// global memory, 16 bytes per store where the destination's rows are 16-byte aligned (`vec`), else
+// as four 4-byte stores (rows of element pairs, as the callers otherwise store). The caller has
+// synchronized the block after filling the tile.
+template <class T, int kRows>
+__device__ __forceinline__ void block_store_tile(typename T::Element* gmem, int64_t row_stride,
+                                                 const typename T::Element* smem, int rows_valid, int chunks_valid,
+                                                 bool vec) {
+  constexpr int kTotal = kRows * T::kChunks;
+  static_assert(kTotal % T::kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int step = 0; step < kTotal / T::kThreads; ++step) {
+    const int i = int(threadIdx.x) + step * T::kThreads;
+    const int row = i / T::kChunks, chunk = i % T::kChunks;
+    if (row >= rows_valid || chunk >= chunks_valid) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(smem + Swizzle<T::kChunks>::offset(row, chunk));
+    typename T::Element* dst = gmem + row * row_stride + chunk * 8;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
+      d4[0] = v.x, d4[1] = v.y, d4[2] = v.z, d4[3] = v.w;
+    }
+  }
+}
+
 }  // namespace flashattn::cuda::sm80
