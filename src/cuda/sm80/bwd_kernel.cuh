@@ -247,10 +247,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
         tail_piece = idx - ws.tail_dp_tiles;
         idx = ws.tail_dp_tiles + tail_piece / ws.tail_parts;
       }
-      const int hb = idx / order.num_m_blocks;
-      n_grid = idx % order.num_m_blocks;
-      hk = hb % order.heads;
-      b = hb / order.heads;
+      int m;
+      order.tile(idx, &m, &hk, &b);  // the grid's own order: m is the key tile
+      n_grid = m;
     }
   }
   const int group = int(p.heads_q / p.heads_kv);
@@ -720,11 +719,11 @@ __global__ void __launch_bounds__(kMergeThreads)
   using E = typename T::Element;
   constexpr int kTile = T::kBlockN * T::kHeadDim;
   const int e = 4 * (int(blockIdx.y) * kMergeThreads + int(threadIdx.x));
-  const int idx = ws.tail_dp_tiles + int(blockIdx.x), hb = idx / order.num_m_blocks;
-  const int64_t key0 = int64_t(idx % order.num_m_blocks) * T::kBlockN;
+  int n, hk, b;
+  order.tile(ws.tail_dp_tiles + int(blockIdx.x), &n, &hk, &b);  // the grid's own order, as the kernel's
+  const int64_t key0 = int64_t(n) * T::kBlockN;
   const int row = e / T::kHeadDim, col = e % T::kHeadDim;
   if (e >= kTile || key0 + row >= p.seqlen_k || col >= p.head_dim) return;
-  const int hk = hb % order.heads, b = hb / order.heads;
   const float* slot = ws.tail_partial + int64_t(blockIdx.x) * ws.tail_parts * 2 * kTile + e;
   float4 k = make_float4(0.f, 0.f, 0.f, 0.f), v = k;
   for (int part = 0; part < ws.tail_parts; ++part, slot += 2 * kTile) {
