@@ -29,8 +29,9 @@ struct PortableFwdTile {
   // O out through the Q tile's shared memory in 16-byte chunks of rows (sm80::FwdTraits::kStageO)
   // instead of each quad's 4-byte pairs. On an H100 against the pairs' stores at d=256, 2k / 8k
   // (bench/results/h200_session49_2026-12-06.txt, call 7): 1.019 / 1.007 without a mask, 1.027 /
-  // 1.006 causal (ptxas: the pair kernel's spills 48 -> 56 bytes). Off at the other head dims and in
-  // the sm80 build until measured there (ptxas: the same spills but d=96's, 4 bytes more).
+  // 1.006 causal (ptxas: the pair kernel's spills 48 -> 56 bytes). Off at the other head dims: at
+  // d=64 and 128 it read 0.97-1.00 of the pairs' stores (H100, bench/results/h100_session50_2026-12-06.txt,
+  // call 4), and the sm80 build has not run it.
   bool stage_o = false;
   constexpr int block_m() const { return 16 * warps / d_split * m_tiles; }
 };
