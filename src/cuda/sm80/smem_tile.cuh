@@ -1,5 +1,6 @@
 // Shared-memory tiles of the portable (sm80+) kernels: the swizzled [rows][head_dim] layout, lane
-// address plans for ldmatrix sweeps, and the cp.async tile copy. Used by the forward and backward.
+// address plans for ldmatrix sweeps, the cp.async tile copy in, and the tile store out (the
+// forward's staged O). Used by the forward and backward.
 #pragma once
 
 #include <cstdint>
