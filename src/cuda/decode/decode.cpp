@@ -52,76 +52,23 @@ const DecodeVariant& select_variant(const core::DecodeParams& p, int cc) {
   return *best;
 }
 
-constexpr int64_t kBlockN = 64;  // keys per tile (decode_kernel.cuh)
-// A split shorter than this many tiles spends more on its pipeline fill and partial write than
-// it saves (each split pays about one load latency up front).
-constexpr int64_t kMinTilesPerSplit = 2;
-// Among the split counts whose estimated time is within this factor of the best, the fewest win:
-// fewer splits mean a smaller workspace and less combine traffic. Measured on the H200 (bf16, 32/8
-// heads, d=128, graph replay): 0.95 instead of 0.85 filled 256 rather than 224 CTA slots at b=1
-// kv=131072 (3258 -> 3439 GB/s); other anchor rows unchanged.
-constexpr double kNearBest = 0.95;
-// Whether to plan for one CTA per SM or for every resident slot (two per SM at d = 128). One CTA
-// (four warps, one per scheduler, so its own latencies are exposed) streamed a 64-key tile in about
-// 1.34 us on the H200, with about 17.5 us per step on top; two per SM streamed a tile per ~1.0 us
-// per SM, but the part that does not grow with the cache was ~28 us. Measured at b=1 (bf16, 32/8
-// heads, d=128, graph replay; bench/results/h200_decode_splits_2026-11-29.txt and
-// h200_decode_2026-11-29.txt), one per SM against two, in GB/s:
-//   kv=8192   (8 tiles per SM):  contiguous 1198 vs 957, pages of 16: 1066 vs 932;
-//   kv=32768  (32 tiles per SM): contiguous 2210 vs 2147, pages of 16: 1862 vs 2055, of 256: 2050 vs 2112;
-//   kv=131072 (128 tiles per SM): contiguous 2848 vs 3460.
-// Paged caches need the second CTA sooner (its work hides the block-table lookups), so the line is
-// drawn below 32 tiles per SM.
-constexpr int64_t kTwoPerSmTiles = 16;
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t align256(int64_t x) { return ceil_div(x, 256) * 256; }
-
-int64_t row_tiles(const core::DecodeParams& p) {
-  const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_new;
-  return ceil_div(rows, decode_rows_per_cta(rows));
-}
 
 // Workspace offsets past the status words (splits > 1): arrival counters, partial lse, partial o.
 struct WorkspaceLayout {
   int64_t arrivals_bytes, lse_bytes, o_bytes;
   explicit WorkspaceLayout(const core::DecodeParams& p, int32_t splits) {
     const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
-    arrivals_bytes = align256(p.batch * p.heads_kv * row_tiles(p) * 4);
+    arrivals_bytes = align256(p.batch * p.heads_kv * decode_row_tiles(p) * 4);
     // lse: [split, batch, heads_kv, row tile, rows per CTA] (decode_combine.cuh), o: [split, batch, token, head, d].
-    lse_bytes = align256(int64_t(splits) * p.batch * p.heads_kv * row_tiles(p) *
+    lse_bytes = align256(int64_t(splits) * p.batch * p.heads_kv * decode_row_tiles(p) *
                          decode_rows_per_cta(p.heads_q / p.heads_kv * p.seqlen_new) * 4);
     o_bytes = align256(rows * p.head_dim * 4);
   }
 };
 
 }  // namespace
-
-int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t num_sms,
-                             int64_t ctas_per_sm) {
-  if (p.num_splits > 0) return p.num_splits;
-  const int64_t units = p.batch * p.heads_kv * row_tiles(p);
-  if (units == 0 || num_sms <= 0 || ctas_per_sm <= 0) return 1;
-  // Keys one CTA may visit: all of a sequence's, or with a left window the window's reach plus the
-  // new tokens (and a right window, or the rest of the sequence).
-  const int64_t keys = max_cache_seqlen + (p.append ? p.seqlen_new : 0);
-  int64_t span = keys;
-  if (p.window_left >= 0) span = std::min(keys, p.window_left + p.seqlen_new + (p.window_right >= 0 ? p.window_right : keys));
-  const int64_t tiles = std::max<int64_t>(1, ceil_div(span, kBlockN) + (p.window_left >= 0 ? 1 : 0));
-  const int64_t max_splits = std::clamp<int64_t>(tiles / kMinTilesPerSplit, 1, kMaxSplits);
-  // The tiles each SM would stream with the work spread evenly decide how many CTAs it should hold.
-  const int64_t slots = ceil_div(units * tiles, num_sms) > kTwoPerSmTiles ? num_sms * ctas_per_sm : num_sms;
-  // Time model: each CTA streams `per` tiles; CTAs run in waves of `slots`. Time ~ waves * per.
-  auto time_of = [&](int64_t s) {
-    const int64_t per = ceil_div(tiles, s), busy = ceil_div(tiles, per);
-    return double(ceil_div(units * busy, slots) * per);
-  };
-  double best = time_of(1);
-  for (int64_t s = 2; s <= max_splits; ++s) best = std::min(best, time_of(s));
-  for (int64_t s = 1; s <= max_splits; ++s)
-    if (best >= kNearBest * time_of(s)) return int32_t(s);
-  return 1;
-}
 
 int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits) {
   if (splits <= 1) return kDecodeStatusBytes;
@@ -144,7 +91,7 @@ void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* 
   L.capacity = p.paged ? p.max_pages_per_seq * p.page_size : p.page_size;
   L.max_cache_seqlen = plan.max_cache_seqlen;
   L.splits = plan.num_splits;
-  L.row_tiles = int32_t(row_tiles(p));
+  L.row_tiles = int32_t(decode_row_tiles(p));
   L.group = int32_t(p.heads_q / p.heads_kv);
   auto* base = static_cast<unsigned char*>(workspace);
   L.status = reinterpret_cast<uint32_t*>(base);

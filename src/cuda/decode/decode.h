@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/params.h"
+#include "cuda/decode/split_plan.h"  // decode_rows_per_cta, choose_decode_splits
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::cuda {
@@ -42,10 +43,6 @@ struct DecodeLaunch {
 // and o, each 256-byte aligned. Status and counters are zeroed together at the start of a run.
 inline constexpr int64_t kDecodeStatusBytes = 256;
 
-// Query rows per CTA for `rows` = group * seqlen_new query rows per KV head: 16, 32 or 64 (one
-// m16 tile per warp row; more rows per CTA means fewer re-reads of K/V, see decode_kernel.cuh).
-constexpr int decode_rows_per_cta(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
-
 template <int kHeadDim, class Element, int kArch>
 void run_decode(const DecodeLaunch& L, cudaStream_t stream);
 // Resident CTAs per SM of the kernel run_decode launches for this many rows per CTA.
@@ -54,11 +51,6 @@ int decode_ctas_per_sm(int rows_per_cta);
 
 // ---- host side (decode.cpp) ----------------------------------------------------------------------
 
-// The split count for a plan: p.num_splits when set, else the fewest splits whose grid fills the
-// GPU nearly as well as any split count could: one CTA per SM for short caches, every resident
-// slot (SMs x ctas_per_sm) for long ones (decode.cpp says where the line is and why).
-int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cache_seqlen, int64_t num_sms,
-                             int64_t ctas_per_sm);
 int64_t decode_workspace_bytes(const core::DecodeParams& p, int32_t splits);
 // Fills plan.num_splits and plan.workspace_bytes for the current device (compute capability cc).
 void plan_decode_on_device(const core::DecodeParams& p, DecodePlan& plan, int cc, int num_sms);
