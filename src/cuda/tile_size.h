@@ -102,7 +102,7 @@ constexpr PortableFwdTile portable_fwd_tile(int head_dim, bool right_bound = fal
       case 96:  return {64, 4, 2, 1, false};   // as d=128
       case 128: return {64, 4, 2, 1, false};   // measured best; block_m 128, O 128 + S 64 regs, 64 KB
       case 192: return {64, 4, 1, 1, false};   // as d=256
-      default:  return {64, 4, 1, 1, false, 1, true};  // 256: measured best; Q + K + V 96 KB: 2 CTAs per SM
+      default:  return {64, 4, 1, 1, false, 1, /*stage_o=*/true};  // 256: measured best; Q + K + V 96 KB: 2 CTAs per SM
     }
   } else {
     // sm80 build: fit 99 KB per block (sm86/sm89) so one binary serves all of Ampere and Ada

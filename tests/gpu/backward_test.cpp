@@ -696,21 +696,10 @@ TEST_F(GpuBackward, DefaultModeKeepsDkDvBitwiseEqual) {
 // bitwise.
 TEST_F(GpuBackward, PortableTailCutIntoPieces) {
   ScopedEnv force("FLASHATTN_GPU_BACKWARD", "portable");
-  struct Shape {
-    int64_t d, batch, hq, hkv, sq, sk;
-    float softcap;
-  };
   uint32_t seed = 520;
-  for (const Shape& sh : {Shape{64, 5, 20, 4, 1000, 1000, 0.f}, Shape{256, 3, 8, 4, 1000, 1000, 5.f},
-                          Shape{128, 4, 8, 4, 700, 1100, 0.f}}) {
-    Case c;
-    c.batch = sh.batch;
-    c.heads_q = sh.hq;
-    c.heads_kv = sh.hkv;
-    c.seqlen_q = sh.sq;
-    c.seqlen_k = sh.sk;
-    c.head_dim = sh.d;
-    c.softcap = sh.softcap;
+  for (const GqaShape& sh : {GqaShape{64, 5, 20, 4, 1000, 1000, 0.f}, GqaShape{256, 3, 8, 4, 1000, 1000, 5.f},
+                             GqaShape{128, 4, 8, 4, 700, 1100, 0.f}}) {
+    const Case c = shaped_case<Case>(sh);
     SCOPED_TRACE(describe(c));
     if (skip_unbuilt("bwd", c.head_dim, c.dtype)) continue;
     Problem pr(c, seed++);

@@ -285,24 +285,11 @@ TEST_F(GpuForward, TilesCutAcrossCtasInTheLastWave) {
 // d=64, which run unpaired.
 TEST_F(GpuForward, PairsOfCtasShareKeyAndValueTiles) {
   uint32_t seed = 390;
-  struct Shape {
-    int64_t d, batch, hq, hkv, sq, sk;
-    float softcap;
-  };
   // Query tiles of 128 rows (192 at d=64).
-  for (const Shape& sh : {Shape{128, 2, 20, 4, 1000, 1000, 0.f}, Shape{256, 1, 10, 5, 500, 1500, 5.f},
-                          Shape{96, 3, 4, 2, 256, 300, 0.f}, Shape{128, 1, 8, 8, 1024, 333, 5.f},
-                          Shape{128, 1, 6, 3, 384, 513, 0.f}, Shape{64, 1, 24, 8, 1100, 777, 5.f}}) {
-    Case c;
-    c.batch = sh.batch;
-    c.heads_q = sh.hq;
-    c.heads_kv = sh.hkv;
-    c.seqlen_q = sh.sq;
-    c.seqlen_k = sh.sk;
-    c.head_dim = sh.d;
-    c.softcap = sh.softcap;
-    check_case(c, seed++);
-  }
+  for (const GqaShape& sh : {GqaShape{128, 2, 20, 4, 1000, 1000, 0.f}, GqaShape{256, 1, 10, 5, 500, 1500, 5.f},
+                             GqaShape{96, 3, 4, 2, 256, 300, 0.f}, GqaShape{128, 1, 8, 8, 1024, 333, 5.f},
+                             GqaShape{128, 1, 6, 3, 384, 513, 0.f}, GqaShape{64, 1, 24, 8, 1100, 777, 5.f}})
+    check_case(shaped_case<Case>(sh), seed++);
 }
 
 // Under a causal mask each consumer warpgroup of the Hopper path computes only the key tiles its

@@ -158,6 +158,26 @@ void on_both_paths(const char* var, F&& fn) {
 // Whether dispatch must pick the Hopper path of `kind` ("fwd" or "bwd") for this head dim and
 // dtype: on a compute capability 9.0 device, when this build compiled that variant (the test
 // layouts keep the outputs' rows 16-byte aligned).
+// A problem's shape as the shape-sweeping tests list them (head dim, batch, query and KV heads,
+// seqlen_q and seqlen_k, softcap), put into a test file's own Case (forward or backward).
+struct GqaShape {
+  int64_t d, batch, hq, hkv, sq, sk;
+  float softcap;
+};
+
+template <class Case>
+Case shaped_case(const GqaShape& sh) {
+  Case c;
+  c.batch = sh.batch;
+  c.heads_q = sh.hq;
+  c.heads_kv = sh.hkv;
+  c.seqlen_q = sh.sq;
+  c.seqlen_k = sh.sk;
+  c.head_dim = sh.d;
+  c.softcap = sh.softcap;
+  return c;
+}
+
 inline bool expect_hopper(const char* kind, int64_t head_dim, flashattn::DType dtype) {
   const std::string want = std::string(kind) + " hopper hdim" + std::to_string(head_dim) + " " +
                            flashattn::dtype_name(dtype) + " sm90a";

@@ -52,8 +52,7 @@ const DecodeVariant& select_variant(const core::DecodeParams& p, int cc) {
   return *best;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t align256(int64_t x) { return ceil_div(x, 256) * 256; }
+int64_t align256(int64_t x) { return split_plan::ceil_div(x, 256) * 256; }
 
 // Workspace offsets past the status words (splits > 1): arrival counters, partial lse, partial o.
 struct WorkspaceLayout {

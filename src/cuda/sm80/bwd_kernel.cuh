@@ -670,7 +670,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinCtas)
   // tile (default mode) writes its fp32 dK and dV to its slot instead, [kBlockN][kHeadDim] each,
   // and backward_tail_merge_kernel adds the tile's pieces up once this kernel is done. (Stored in
   // a block of their own after the loop, the slot's stores took registers from the step loop:
-  // ptxas spilled 16-32 bytes more at d=128 and 256.)
+  // ptxas spilled 16-32 bytes more at d=128 and 256. The piece is found again from blockIdx, not
+  // from tail_piece, which would then stay live through the loop.)
   float* part = nullptr;
   if constexpr (!kDeterministic)
     if (ws.tail_parts > 0 && int(blockIdx.x) >= ws.tail_dp_tiles)
