@@ -59,7 +59,7 @@ struct WorkspaceLayout {
   int64_t arrivals_bytes, lse_bytes, o_bytes;
   explicit WorkspaceLayout(const core::DecodeParams& p, int32_t splits) {
     const int64_t rows = int64_t(splits) * p.batch * p.seqlen_new * p.heads_q;
-    arrivals_bytes = align256(p.batch * p.heads_kv * decode_row_tiles(p) * 4);
+    arrivals_bytes = align256(2 * p.batch * p.heads_kv * decode_row_tiles(p) * 4);  // done, then published
     // lse: [split, batch, heads_kv, row tile, rows per CTA] (decode_combine.cuh), o: [split, batch, token, head, d].
     lse_bytes = align256(int64_t(splits) * p.batch * p.heads_kv * decode_row_tiles(p) *
                          decode_rows_per_cta(p.heads_q / p.heads_kv * p.seqlen_new) * 4);

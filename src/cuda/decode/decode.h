@@ -30,7 +30,8 @@ struct DecodeLaunch {
   int32_t group = 1;             // heads_q / heads_kv
   float* part_o = nullptr;       // splits > 1: [splits, batch, seqlen_new, heads_q, head_dim]
   float* part_lse = nullptr;     //             [splits, batch, heads_kv, row_tiles, rows per CTA]
-  uint32_t* arrivals = nullptr;  //             [batch, heads_kv, row_tiles]: CTAs done, 0 at the start
+  uint32_t* arrivals = nullptr;  //             [2][batch, heads_kv, row_tiles]: CTAs done with their
+                                 //             loop, then partials published; 0 at the start
   uint32_t* status = nullptr;    // [2]: fault bits; ~(lowest faulty sequence), 0 = none
   // sm90 kernels: the K and V caches as TMA tensors [pages (batch when contiguous), page rows,
   // heads_kv, head_dim], boxes of box_rows rows (16, or the largest power of two dividing the page

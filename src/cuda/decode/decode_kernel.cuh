@@ -632,6 +632,12 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   // kWarpsN states of a row are moved onto their common max (core::rescale_factor), summed, and
   // finalized once.
   fault = __syncthreads_or(fault) != 0;
+  // With splits, every warp's loop is done: this CTA counts itself in on the unit's `done`
+  // counter now, so that the atomic's round trip runs under the merge below; the CTA that brings
+  // it to `splits` combines (see the combine below).
+  const int64_t unit = (b * p.heads_kv + hk) * L.row_tiles + row_tile;
+  uint32_t done_before = 0;
+  if (L.splits > 1 && tid == 0) done_before = atomicAdd(&L.arrivals[unit], 1u);
   float* red_o = reinterpret_cast<float*>(smem);
   float* red_m = red_o + T::kWarpsN * T::kBlockM * T::kRedStride;
   float* red_l = red_m + T::kWarpsN * T::kBlockM;
@@ -712,19 +718,26 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   }
   if (L.splits == 1) return;
 
-  // The combine, in this launch: the last CTA of this (sequence, KV head, row tile) to finish
-  // merges every split's partial (merge_row.cuh, the merge_states rules). A second kernel would
-  // cost a launch and a drain of the whole grid, which at b = 1 is a large part of a step. Each
-  // thread's partial writes are made visible GPU-wide before the CTA counts itself in; the CTA
-  // that brings the count to `splits` sees them all. The counters are zeroed with the status at
-  // the start of every run (decode.cpp), so a run (or a graph replay) never sees a stale count.
-  __threadfence();
+  // The combine, in this launch: the last CTA of this (sequence, KV head, row tile) to finish its
+  // loop (the `done` count above) merges every split's partial (merge_row.cuh, the merge_states
+  // rules). A second kernel would cost a launch and a drain of the whole grid, which at b = 1 is a
+  // large part of a step. The others publish: a gpu-scope release (thread_pass_turn, after the
+  // barrier that orders every thread's partial writes before it) on the unit's `published`
+  // counter, which the combining CTA acquires once it reads splits - 1. Its own partial needs no
+  // GPU-wide fence: the barrier orders it before the CTA's own reads. Counting in before the
+  // partial is written takes a fence and an atomic round trip off the step's last CTA (H100,
+  // bench/results/h100_session51_2026-12-06.txt: 0.989-0.998x the time at b=1). The counters are
+  // zeroed with the status at the start of every run (decode.cpp), so a run (or a graph replay)
+  // never sees a stale count.
   __syncthreads();
   bool last = false;
   if (tid == 0) {
-    const int64_t unit = (b * p.heads_kv + hk) * L.row_tiles + row_tile;
-    last = atomicAdd(&L.arrivals[unit], 1u) == uint32_t(L.splits - 1);
-    __threadfence();
+    int* published = reinterpret_cast<int*>(L.arrivals + p.batch * p.heads_kv * L.row_tiles + unit);
+    last = done_before == uint32_t(L.splits - 1);
+    if (last)
+      ptx::thread_wait_turn(published, L.splits - 1, ptx::thread_load_turn(published));
+    else
+      ptx::thread_pass_turn(published);
   }
   if (!__syncthreads_or(last)) return;
   block_combine_splits<T>(L, smem, rows_valid, part_stride, lse_step, lse_base, row_id, part_row, store_out);

@@ -25,7 +25,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 }  // namespace
 
-bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows) {
+bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows, bool l2_256) {
   auto fn = encoder();
   if (fn == nullptr || t.elem_bytes != 2) return false;
   // Dimensions must be at least 1 even where the kernel will load nothing from them.
@@ -47,7 +47,8 @@ bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows) {
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   // f16 and bf16 alike move as 16-bit words: the copy engine does not interpret them.
   CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(t.base), dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  l2_256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }

@@ -41,7 +41,9 @@ inline TmaTensor tma_view(const core::AttnShape& p, const void* base, const core
 // Encodes a map whose box is 64 elements of head_dim (one 128-byte swizzle span) by box_rows rows
 // of one head of one batch entry, written to shared memory with the 128-byte swizzle. Elements
 // outside the tensor load as zeros. Returns false (map untouched) when the driver rejects the
-// tensor (alignment, strides) or has no TMA: the caller then takes another path.
-bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows);
+// tensor (alignment, strides) or has no TMA: the caller then takes another path. l2_256: an L2 miss
+// fills 256 bytes instead of 128 (the decode kernel's boxes read 128 of a key row's 256 bytes each,
+// the other half in the next box).
+bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows, bool l2_256 = false);
 
 }  // namespace flashattn::cuda::sm90
