@@ -155,9 +155,6 @@ void on_both_paths(const char* var, F&& fn) {
   }
 }
 
-// Whether dispatch must pick the Hopper path of `kind` ("fwd" or "bwd") for this head dim and
-// dtype: on a compute capability 9.0 device, when this build compiled that variant (the test
-// layouts keep the outputs' rows 16-byte aligned).
 // A problem's shape as the shape-sweeping tests list them (head dim, batch, query and KV heads,
 // seqlen_q and seqlen_k, softcap), put into a test file's own Case (forward or backward).
 struct GqaShape {
@@ -178,6 +175,9 @@ Case shaped_case(const GqaShape& sh) {
   return c;
 }
 
+// Whether dispatch must pick the Hopper path of `kind` ("fwd" or "bwd") for this head dim and
+// dtype: on a compute capability 9.0 device, when this build compiled that variant (the test
+// layouts keep the outputs' rows 16-byte aligned).
 inline bool expect_hopper(const char* kind, int64_t head_dim, flashattn::DType dtype) {
   const std::string want = std::string(kind) + " hopper hdim" + std::to_string(head_dim) + " " +
                            flashattn::dtype_name(dtype) + " sm90a";

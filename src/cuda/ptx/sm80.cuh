@@ -141,7 +141,7 @@ __device__ __forceinline__ void thread_red_add_f32x4(float* gmem, float4 v) {
 #endif
 }
 
-// ---- turns between CTAs (the deterministic backward's ordered dQ additions) ------------------
+// ---- turns between CTAs (the deterministic backward's dQ order; decode's published partials) --
 
 // One read of a turn counter, an acquire at gpu scope (issued early, its latency hides under
 // other work before thread_wait_turn needs it).
