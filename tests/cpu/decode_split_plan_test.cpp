@@ -37,6 +37,22 @@ TEST(DecodeSplitPlan, AnchorRowsGetTheMeasuredCounts) {
   EXPECT_EQ(choose_decode_splits(anchor(64), 4096, kSms, kCtasPerSm), 1);
 }
 
+TEST(DecodeSplitPlan, EvictFirstOnlyWhereSplitsAreShort) {
+  using flashattn::cuda::decode_evict_first;
+  // The anchor rows with their planned splits: 8 and 16 tiles a split take the policy, 64 and 128 do not.
+  EXPECT_TRUE(decode_evict_first(anchor(1), 8192, 16));
+  EXPECT_TRUE(decode_evict_first(anchor(1), 32768, 32));
+  EXPECT_FALSE(decode_evict_first(anchor(1), 131072, 32));
+  EXPECT_FALSE(decode_evict_first(anchor(8), 32768, 4));
+  EXPECT_FALSE(decode_evict_first(anchor(64), 4096, 1));
+  // Short caches too, and a window counts the keys it reaches, not the cache.
+  EXPECT_TRUE(decode_evict_first(anchor(64), 512, 1));
+  flashattn::core::DecodeParams w = anchor(1);
+  w.window_left = 511;
+  w.window_right = 0;
+  EXPECT_TRUE(decode_evict_first(w, 131072, 1));
+}
+
 TEST(DecodeSplitPlan, ForcedCountAndDegenerateProblems) {
   auto p = anchor(1);
   p.num_splits = 7;

@@ -61,8 +61,15 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
   if (w == 0 && ptx::warp_elect_one()) {
     ptx::thread_mbarrier_arrive_expect_tx(&full, 3 * 64 * 128 * 2);
     const CUtensorMap* m[3] = {&maps.q, &maps.k, &maps.v};
+    // V through the L2-hinted load (decode's evict_first boxes): O checks the bytes it delivered.
+    const uint64_t policy = ptx::thread_l2_policy_evict_first();
     for (int i = 0; i < 3; ++i)
-      for (int c = 0; c < 2; ++c) ptx::thread_tma_load_4d(tiles[i] + c * 64 * 128, m[i], &full, 64 * c, 0, 0, 0);
+      for (int c = 0; c < 2; ++c) {
+        if (i == 2)
+          ptx::thread_tma_load_4d_hint(tiles[i] + c * 64 * 128, m[i], &full, 64 * c, 0, 0, 0, policy);
+        else
+          ptx::thread_tma_load_4d(tiles[i] + c * 64 * 128, m[i], &full, 64 * c, 0, 0, 0);
+      }
   }
   ptx::thread_mbarrier_wait(&full, 0);
   float s[32];

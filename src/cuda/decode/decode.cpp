@@ -92,6 +92,7 @@ void run_decode_plan(const core::DecodeParams& p, const DecodePlan& plan, void* 
   L.splits = plan.num_splits;
   L.row_tiles = int32_t(decode_row_tiles(p));
   L.group = int32_t(p.heads_q / p.heads_kv);
+  L.evict_first = decode_evict_first(p, plan.max_cache_seqlen, plan.num_splits);
   auto* base = static_cast<unsigned char*>(workspace);
   L.status = reinterpret_cast<uint32_t*>(base);
   int64_t reset_bytes = 2 * sizeof(uint32_t);

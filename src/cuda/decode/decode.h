@@ -28,6 +28,7 @@ struct DecodeLaunch {
   int32_t splits = 1;
   int32_t row_tiles = 1;         // CTAs per (sequence, KV head, split) along the rows
   int32_t group = 1;             // heads_q / heads_kv
+  bool evict_first = false;      // sm90: K/V boxes with an L2 evict_first policy (split_plan.h)
   float* part_o = nullptr;       // splits > 1: [splits, batch, seqlen_new, heads_q, head_dim]
   float* part_lse = nullptr;     //             [splits, batch, heads_kv, row_tiles, rows per CTA]
   uint32_t* arrivals = nullptr;  //             [2][batch, heads_kv, row_tiles]: CTAs done with their

@@ -459,6 +459,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       const bool boxer = lane < boxes;
       const int col_blocks = (chunks_valid + 7) / 8;  // 64-column blocks holding head_dim columns
       const uint32_t box_bytes = uint32_t(box) * 128 * uint32_t(col_blocks);
+      const uint64_t stream_policy = ptx::thread_l2_policy_evict_first();
       auto fetch_ahead = [&](int m) { return boxer && m < ntiles ? fetch_id(m, row0 + lane * box) : 0; };
       int32_t ids[T::kIdsAhead];  // ids[i]: the page of this lane's box in the tile i issues ahead
 #pragma unroll
@@ -517,14 +518,23 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
         uint64_t* bar = &full[slot * T::kWarpsN + wn];
         const uint32_t copies = __popc(__ballot_sync(0xffffffffu, box_tma));
         if (copies < uint32_t(boxes)) fill_rows(h, dst);
-        __syncwarp();  // the filled rows are written before the arrival publishes them
+        // The filled rows are written before the arrival publishes them: __syncwarp orders the lanes'
+        // stores before lane 0's arrive, a release that the readers' wait acquires. racecheck still
+        // reports these stores against other warps' ldmatrix of the slot; it does not appear to follow
+        // a release made by one lane for its warp (bench/results/h100_session54_2026-12-06.txt).
+        __syncwarp();
         if (lane == 0) ptx::thread_mbarrier_arrive_expect_tx(bar, copies * box_bytes);
         __syncwarp();
         if (box_tma) {
           const void* map = (h & 1) ? &L.v_map : &L.k_map;
+          // The plan picks the L2 policy: evict_first pays only where splits are short (split_plan.h).
           for (int cb = 0; cb < col_blocks; ++cb)
-            ptx::thread_tma_load_4d(dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128, map, bar, 64 * cb, box_row,
-                                    int(hk), box_page);
+            if (L.evict_first)
+              ptx::thread_tma_load_4d_hint(dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128, map, bar,
+                                           64 * cb, box_row, int(hk), box_page, stream_policy);
+            else
+              ptx::thread_tma_load_4d(dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128, map, bar, 64 * cb,
+                                      box_row, int(hk), box_page);
         }
       };
       // Column blocks past head_dim (a head dim 64 or more below the kernel's) are never copied:

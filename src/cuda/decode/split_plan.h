@@ -38,6 +38,13 @@ constexpr double kNearBest = 0.95;
 // Paged caches need the second CTA sooner (its work hides the block-table lookups), so the line is
 // drawn below 32 tiles per SM.
 constexpr int64_t kTwoPerSmTiles = 16;
+// sm90: K/V boxes load with an L2 evict_first policy when each split streams at most this many
+// tiles. The policy on every plan against the default, on an H100 (bf16, 32/8 heads, d=128, graph
+// replay; bench/results/h100_session54_2026-12-06.txt, call 1), by tiles a split: 4-8 tiles (b=1
+// 4k, 8k) 0.91-0.97x the time, 16 (b=1 16k and 32k, b=4 8k) 0.89-0.97x, 32 (b=1 65k, b=8 8k)
+// 1.00-1.02x, 64-128 (b=1 131k, b=8 32k, b=64 4k) 1.03-1.04x. Its gain and its loss both go with
+// the first 64-column block's load (policy on the last block only: neither).
+constexpr int64_t kEvictFirstMaxTiles = 16;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -49,6 +56,23 @@ inline int64_t decode_row_tiles(const core::DecodeParams& p) {
   return split_plan::ceil_div(rows, decode_rows_per_cta(rows));
 }
 
+// Key tiles one CTA may visit for caches of up to max_cache_seqlen tokens: all of a sequence's, or
+// with a left window the window's reach plus the new tokens (and a right window, or the rest).
+inline int64_t decode_plan_tiles(const core::DecodeParams& p, int64_t max_cache_seqlen) {
+  using namespace split_plan;
+  const int64_t keys = max_cache_seqlen + (p.append ? p.seqlen_new : 0);
+  int64_t span = keys;
+  if (p.window_left >= 0)
+    span = std::min(keys, p.window_left + p.seqlen_new + (p.window_right >= 0 ? p.window_right : keys));
+  return std::max<int64_t>(1, ceil_div(span, kBlockN) + (p.window_left >= 0 ? 1 : 0));
+}
+
+// Whether a plan's K/V boxes load with the L2 evict_first policy (split_plan::kEvictFirstMaxTiles).
+inline bool decode_evict_first(const core::DecodeParams& p, int64_t max_cache_seqlen, int32_t splits) {
+  return split_plan::ceil_div(decode_plan_tiles(p, max_cache_seqlen), std::max(splits, 1)) <=
+         split_plan::kEvictFirstMaxTiles;
+}
+
 // The split count for a plan: p.num_splits when set, else the fewest splits whose grid fills the
 // GPU nearly as well as any split count could: one CTA per SM for short caches, every resident
 // slot (SMs x ctas_per_sm) for long ones (kTwoPerSmTiles says where the line is and why).
@@ -58,12 +82,7 @@ inline int32_t choose_decode_splits(const core::DecodeParams& p, int64_t max_cac
   if (p.num_splits > 0) return p.num_splits;
   const int64_t units = p.batch * p.heads_kv * decode_row_tiles(p);
   if (units == 0 || num_sms <= 0 || ctas_per_sm <= 0) return 1;
-  // Keys one CTA may visit: all of a sequence's, or with a left window the window's reach plus the
-  // new tokens (and a right window, or the rest of the sequence).
-  const int64_t keys = max_cache_seqlen + (p.append ? p.seqlen_new : 0);
-  int64_t span = keys;
-  if (p.window_left >= 0) span = std::min(keys, p.window_left + p.seqlen_new + (p.window_right >= 0 ? p.window_right : keys));
-  const int64_t tiles = std::max<int64_t>(1, ceil_div(span, kBlockN) + (p.window_left >= 0 ? 1 : 0));
+  const int64_t tiles = decode_plan_tiles(p, max_cache_seqlen);
   const int64_t max_splits = std::clamp<int64_t>(tiles / kMinTilesPerSplit, 1, kMaxSplits);
   // The tiles each SM would stream with the work spread evenly decide how many CTAs it should hold.
   const int64_t slots = ceil_div(units * tiles, num_sms) > kTwoPerSmTiles ? num_sms * ctas_per_sm : num_sms;

@@ -135,6 +135,23 @@ __device__ __forceinline__ void thread_tma_load_4d(void* smem, const void* tmap,
       : "memory");
 }
 
+// An L2 eviction policy for data read once (streamed K/V): its lines are the first evicted.
+__device__ __forceinline__ uint64_t thread_l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// thread_tma_load_4d with an L2 cache policy (thread_l2_policy_evict_first).
+__device__ __forceinline__ void thread_tma_load_4d_hint(void* smem, const void* tmap, uint64_t* bar, int c0, int c1,
+                                                        int c2, int c3, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3, %4, %5}], [%6], %7;\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
 // As thread_tma_load_4d, but the box lands at smem's offset in the shared memory of every CTA of
 // the cluster named in cta_mask (bit i: rank i), each completing the bytes on its own mbarrier at
 // bar's offset. The receivers announce them on their own barriers; bytes may land before that.
