@@ -39,9 +39,13 @@ TEST(DecodeSplitPlan, AnchorRowsGetTheMeasuredCounts) {
 
 TEST(DecodeSplitPlan, EvictFirstOnlyWhereSplitsAreShort) {
   using flashattn::cuda::decode_evict_first;
-  // The anchor rows with their planned splits: 8 and 16 tiles a split take the policy, 64 and 128 do not.
+  // The anchor rows with their planned splits: 8 and 16 tiles a split take the policy, 64 and 128 do not;
+  // the measured rows either side of the line: 25 tiles take it, 32 do not.
   EXPECT_TRUE(decode_evict_first(anchor(1), 8192, 16));
   EXPECT_TRUE(decode_evict_first(anchor(1), 32768, 32));
+  EXPECT_TRUE(decode_evict_first(anchor(1), 49152, 31));
+  EXPECT_FALSE(decode_evict_first(anchor(1), 65536, 32));
+  EXPECT_FALSE(decode_evict_first(anchor(2), 32768, 16));
   EXPECT_FALSE(decode_evict_first(anchor(1), 131072, 32));
   EXPECT_FALSE(decode_evict_first(anchor(8), 32768, 4));
   EXPECT_FALSE(decode_evict_first(anchor(64), 4096, 1));
