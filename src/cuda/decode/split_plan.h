@@ -41,8 +41,8 @@ constexpr int64_t kTwoPerSmTiles = 16;
 // sm90: K/V boxes load with an L2 evict_first policy when each split streams at most this many
 // tiles. The policy on every plan against the default, on an H100 (bf16, 32/8 heads, d=128, graph
 // replay; bench/results/h100_session54_2026-12-06.txt, calls 1-2), by tiles a split: 4-8 (b=1 4k,
-// 8k) 0.91-0.97x the time, 16 (b=1 16k and 32k, b=2 16k, b=4 8k) 0.89-0.97x, 25 (b=1 48k)
-// 0.98-0.99x, 32 (b=1 64k, b=2 32k, b=8 8k) 1.00-1.02x, 64-128 (b=1 128k, b=8 32k, b=64 4k)
+// 8k) 0.91-0.97x the time, 16 (b=1 16k and 32k, b=2 16k, b=4 8k) 0.89-0.97x, 25 (b=1 49k)
+// 0.98-0.99x, 32 (b=1 65k, b=2 32k, b=8 8k) 1.00-1.02x, 64-128 (b=1 131k, b=8 32k, b=64 4k)
 // 1.03-1.05x. The line sits between 25 and 32. Its gain and its loss both go with the first
 // 64-column block's load (the policy on the last block only: neither).
 constexpr int64_t kEvictFirstMaxTiles = 28;
