@@ -527,14 +527,14 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
         __syncwarp();
         if (box_tma) {
           const void* map = (h & 1) ? &L.v_map : &L.k_map;
-          // The plan picks the L2 policy: evict_first pays only where splits are short (split_plan.h).
-          for (int cb = 0; cb < col_blocks; ++cb)
+          for (int cb = 0; cb < col_blocks; ++cb) {
+            unsigned char* box_dst = dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128;
+            // The plan picks the L2 policy: evict_first pays only where splits are short (split_plan.h).
             if (L.evict_first)
-              ptx::thread_tma_load_4d_hint(dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128, map, bar,
-                                           64 * cb, box_row, int(hk), box_page, stream_policy);
+              ptx::thread_tma_load_4d_hint(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page, stream_policy);
             else
-              ptx::thread_tma_load_4d(dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128, map, bar, 64 * cb,
-                                      box_row, int(hk), box_page);
+              ptx::thread_tma_load_4d(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page);
+          }
         }
       };
       // Column blocks past head_dim (a head dim 64 or more below the kernel's) are never copied:
