@@ -43,7 +43,7 @@ __device__ void warpgroup_store_accumulators(float* dst, const float (&acc)[N / 
 #endif
 
 // The Hopper forward's data path on one warpgroup: TMA loads (128-byte swizzle, two column blocks
-// of a 128-wide row) completing on an mbarrier; S = Q K^T with both operands K-major in shared
+// of a 128-wide row; 4-D and 5-D maps) completing on an mbarrier; S = Q K^T with both operands K-major in shared
 // memory (wgmma ss, N = 64); P = bf16(S / 8) re-packed from the accumulator as register A
 // fragments; O = P V with V MN-major (wgmma rs, N = 128 spanning both column blocks through the
 // descriptor's leading offset). Q, K, V: [64][128]; S: [64][64]; O: [64][128]. The last wait is
@@ -60,16 +60,12 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ TmaM
   block_init_load_barrier(&full);
   if (w == 0 && ptx::warp_elect_one()) {
     ptx::thread_mbarrier_arrive_expect_tx(&full, 3 * 64 * 128 * 2);
-    const CUtensorMap* m[3] = {&maps.q, &maps.k, &maps.v};
-    // V through the L2-hinted load (decode's evict_first boxes): O checks the bytes it delivered.
-    const uint64_t policy = ptx::thread_l2_policy_evict_first();
-    for (int i = 0; i < 3; ++i)
-      for (int c = 0; c < 2; ++c) {
-        if (i == 2)
-          ptx::thread_tma_load_4d_hint(tiles[i] + c * 64 * 128, m[i], &full, 64 * c, 0, 0, 0, policy);
-        else
-          ptx::thread_tma_load_4d(tiles[i] + c * 64 * 128, m[i], &full, 64 * c, 0, 0, 0);
-      }
+    // Q by one 4-D box per column block; K and V by one 5-D box each (maps with the column blocks
+    // as a dimension, as decode's), V with an L2 policy (decode's evict_first boxes): S and O check
+    // the bytes each delivered.
+    for (int c = 0; c < 2; ++c) ptx::thread_tma_load_4d(tiles[0] + c * 64 * 128, &maps.q, &full, 64 * c, 0, 0, 0);
+    ptx::thread_tma_load_5d(tiles[1], &maps.k, &full, 0, 0, 0, 0, 0);
+    ptx::thread_tma_load_5d_hint(tiles[2], &maps.v, &full, 0, 0, 0, 0, 0, ptx::thread_l2_policy_evict_first());
   }
   ptx::thread_mbarrier_wait(&full, 0);
   float s[32];
@@ -201,8 +197,8 @@ __global__ void __launch_bounds__(128) wgmma_trans_a_kernel(const __grid_constan
 }
 
 // A 64-row, row-major bf16 matrix of `cols` columns as a TMA map (boxes of box_rows rows, 128-byte
-// swizzle).
-bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols, int box_rows = 64) {
+// swizzle); blocks: the 5-D map whose box takes every 64-column block at once.
+bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols, int box_rows = 64, bool blocks = false) {
   flashattn::cuda::sm90::TmaTensor t;
   t.base = base;
   t.head_dim = cols;
@@ -210,7 +206,8 @@ bool encode_matrix(CUtensorMap* map, const __nv_bfloat16* base, int cols, int bo
   t.heads = 1;
   t.batch = 1;
   t.row_stride = cols;
-  return flashattn::cuda::sm90::encode_tma_sw128(map, t, box_rows);
+  return blocks ? flashattn::cuda::sm90::encode_tma_sw128_blocks(map, t, box_rows)
+                : flashattn::cuda::sm90::encode_tma_sw128(map, t, box_rows);
 }
 
 bool sm90_family() {
@@ -230,7 +227,7 @@ TEST_F(Ptx, TmaAndWgmmaComputeAttentionProductsOnHopper) {
   for (int i = 0; i < 3; ++i) {
     h[i] = random_bf16(64 * 128, rng);
     d[i] = to_device(h[i]);
-    ASSERT_TRUE(encode_matrix(m[i], d[i], 128));
+    ASSERT_TRUE(encode_matrix(m[i], d[i], 128, 64, i > 0));
   }
   float *dS = nullptr, *dO = nullptr, *dSlots = nullptr;
   int* ran = nullptr;

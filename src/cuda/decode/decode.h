@@ -36,9 +36,12 @@ struct DecodeLaunch {
   uint32_t* status = nullptr;    // [2]: fault bits; ~(lowest faulty sequence), 0 = none
   // sm90 kernels: the K and V caches as TMA tensors [pages (batch when contiguous), page rows,
   // heads_kv, head_dim], boxes of box_rows rows (16, or the largest power of two dividing the page
-  // size, so that a box stays within a page) by 64 columns; filled by run_decode.
+  // size, so that a box stays within a page) by 64 columns; filled by run_decode. With box_blocks
+  // > 1 (16-row boxes, head_dim a multiple of 64) the maps are 5-D and one box takes all of a
+  // row's box_blocks column blocks (sm90::encode_tma_sw128_blocks).
   CUtensorMap k_map, v_map;
   int32_t box_rows = 16;
+  int32_t box_blocks = 1;
 };
 
 // The workspace: the status words, then (with splits > 1) the arrival counters, the partial lse

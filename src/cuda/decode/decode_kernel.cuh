@@ -9,9 +9,8 @@
 //     work on different keys, so the tensor cores see four independent streams;
 //   * memory: K and V tiles are separate "half-tiles" in one ring of slots (a K half feeds
 //     S = Q K^T, the next V half feeds O += P V), so a ring of any depth fits the shared memory
-//     budget even at head dim 256. Two loaders fill it: on sm90, bulk copies (the copy engine,
-//     one per key row, on mbarriers), each warp loading the rows it reads, the whole ring in
-//     flight; on sm80, cp.async by all threads with a CTA barrier per half-tile, kSlots - 1
+//     budget even at head dim 256. Two loaders fill it: on sm90, TMA boxes (the copy engine, on
+//     mbarriers), each warp loading the rows it reads, the whole ring in flight; on sm80, cp.async by all threads with a CTA barrier per half-tile, kSlots - 1
 //     half-tiles in flight;
 //   * paging: a key row is found through the block table (pages of any size, scattered) ahead of
 //     its copy; keys past the cached length come straight from k_new/v_new (the CTA that appends
@@ -64,15 +63,29 @@ constexpr int decode_kv_slots(int head_dim, int block_m, int warps_n) {
   return slots > 8 ? 8 : slots;
 }
 
-// The lane addresses of an ldmatrix sweep over a K/V slot the TMA loader wrote: 64-column blocks
-// of 64 rows, 128-byte rows whose 16-byte chunks are XOR-swizzled with row % 8 (TMA's
-// SWIZZLE_128B, sm90::swizzled_offset). Same interface and cost as sm80::LaneRows: row
-// `row + row_hi` (row_hi a multiple of 8), chunk `chunk + bit` (chunk even, a constant).
+// The TMA loader's K/V slot layout: 64 key rows in groups of 16, each group its kColBlocks
+// 64-column blocks one after another, a block 16 rows of 128 bytes whose 16-byte chunks are
+// XOR-swizzled with row % 8 (TMA's SWIZZLE_128B, sm90::swizzled_offset). A group is what one warp
+// loads, so one 5-D box (decode.h, box_blocks) fills all of its blocks.
+template <int kColBlocks>
+struct KvSlot {
+  static constexpr int kGroupBytes = kColBlocks * 16 * 128;
+  // Byte offset of element (row, col).
+  static __device__ __forceinline__ uint32_t offset(int row, int col) {
+    return uint32_t((row >> 4) * kGroupBytes) + sm90::swizzled_offset<16>(row & 15, col);
+  }
+};
+
+// The lane addresses of an ldmatrix sweep over a KvSlot: same interface and cost as
+// sm80::LaneRows (in elements): row `row + row_hi`, row_hi a multiple of 16 (a whole group),
+// chunk `chunk + bit` (chunk even, a constant).
+template <int kColBlocks>
 struct Sw128LaneRows {
   int base, x;
-  __device__ __forceinline__ Sw128LaneRows(int row, int bit) : base(row * 64), x((row & 7) ^ bit) {}
+  __device__ __forceinline__ Sw128LaneRows(int row, int bit)
+      : base((row >> 4) * kColBlocks * 16 * 64 + (row & 15) * 64), x((row & 7) ^ bit) {}
   __device__ __forceinline__ int at(int row_hi, int chunk) const {
-    return (chunk >> 3) * 64 * 64 + base + row_hi * 64 + (((chunk & 7) ^ x) << 3);
+    return (row_hi >> 4) * kColBlocks * 16 * 64 + (chunk >> 3) * 16 * 64 + base + (((chunk & 7) ^ x) << 3);
   }
 };
 
@@ -92,9 +105,9 @@ struct DecodeTraits {
   // read the rows; sm80: cp.async, 16 bytes per thread and instruction.
   static constexpr bool kBulk = kArch_ >= 90;
   static constexpr int kSlots = decode_kv_slots<kArch_>(kHeadDim, kBlockM, kWarpsN);
-  // K/V slot layout: TMA's 64-column swizzled blocks, or the portable kernels' swizzled rows.
+  // K/V slot layout: KvSlot (TMA's swizzled blocks), or the portable kernels' swizzled rows.
   static constexpr int kColBlocks = (kHeadDim + 63) / 64;
-  using KvRows = std::conditional_t<kBulk, Sw128LaneRows, sm80::LaneRows<kChunks>>;
+  using KvRows = std::conditional_t<kBulk, Sw128LaneRows<kColBlocks>, sm80::LaneRows<kChunks>>;
   // cp.async loader: threads take a fixed chunk column and walk rows; head dims 96 and 192 round
   // their chunk count up to a power of two and leave those threads idle (the loads are what matter).
   static constexpr int kChunkSlots = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
@@ -192,7 +205,13 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   const E* k_cache = static_cast<const E*>(p.k_cache);
   const E* v_cache = static_cast<const E*>(p.v_cache);
 
-  // Q rows first: they do not depend on the length, whose load everything below waits for. Row r
+  // The one length read from the device, issued first and checked before it sizes anything: the Q
+  // copies and the TMA loader's set-up below do not wait for it. (Against the checks above the
+  // set-up this read 0.994-1.007x the time on the anchor rows, H200, session 55: the load's
+  // latency is mostly elsewhere, but nothing waits for it needlessly.)
+  const int64_t len = p.cache_seqlens[b * p.cache_seqlens_stride];
+
+  // Q rows: they do not depend on the length. Row r
   // is token r / group of query head hk * group + r % group; rows past the last and columns past
   // head_dim are zero-filled. (cp.async loader: committed with the first K half-tile; bulk loader:
   // waited for once the first copies are issued; with no keys: before the shared memory is reused.)
@@ -206,15 +225,6 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       ptx::thread_cp_async_16(sQ + Sw::offset(row, ch), src, valid);
     }
   }
-
-  // The one length read from the device, checked before it sizes anything.
-  const int64_t len = p.cache_seqlens[b * p.cache_seqlens_stride];
-  const int64_t extra = p.append ? p.seqlen_new : 0;
-  const bool bad_len = len < 0 || len > L.max_cache_seqlen || len + extra > L.capacity;
-  const int64_t keys = bad_len ? 0 : len + extra;
-  bool fault = bad_len;  // this thread's view; OR-ed over the CTA at the end
-
-  const int32_t* table = p.paged ? p.block_table + b * p.block_table_row_stride : nullptr;
 
   if constexpr (T::kBulk) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -231,8 +241,27 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       ptx::thread_prefetch_tensormap(&L.k_map);
       ptx::thread_prefetch_tensormap(&L.v_map);
     }
+    // Column blocks past head_dim (a head dim 64 or more below the kernel's) are never copied:
+    // zero in every slot, as Q is there. Per slot and 16-row group they are the group's last
+    // blocks (KvSlot).
+    const int col_blocks = (chunks_valid + 7) / 8;  // 64-column blocks holding head_dim columns
+    const int pad_bytes = (T::kColBlocks - col_blocks) * 16 * 128;
+    for (int i = tid; i < T::kSlots * 4 * pad_bytes / 16; i += T::kThreads) {
+      const int group = i / (pad_bytes / 16), j = i % (pad_bytes / 16);
+      unsigned char* pad = reinterpret_cast<unsigned char*>(sKV) + group * KvSlot<T::kColBlocks>::kGroupBytes +
+                           col_blocks * 16 * 128;
+      reinterpret_cast<uint4*>(pad)[j] = make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();  // the mbarriers are initialized and the padding blocks zeroed
 #endif
   }
+
+  const int64_t extra = p.append ? p.seqlen_new : 0;
+  const bool bad_len = len < 0 || len > L.max_cache_seqlen || len + extra > L.capacity;
+  const int64_t keys = bad_len ? 0 : len + extra;
+  bool fault = bad_len;  // this thread's view; OR-ed over the CTA at the end
+
+  const int32_t* table = p.paged ? p.block_table + b * p.block_table_row_stride : nullptr;
 
   // Append: one CTA per (sequence, KV head) copies the new tokens into the cache. Nothing in this
   // launch reads those slots (keys >= len come from k_new/v_new below), so no ordering is needed.
@@ -440,8 +469,9 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       // TMA: every warp loads the 16 key rows of each half-tile that it reads itself (its warp
       // column's rows, split between the column's row warps) as tensor boxes of L.box_rows rows
-      // (16, or fewer so that a box never leaves a page) by 64 columns, into 128-byte swizzled
-      // column blocks, completing on the (slot, column) full barrier; the column's readers
+      // (16, or fewer so that a box never leaves a page) into its group of the slot (KvSlot): one
+      // 5-D box of every 64-column block when the rows are whole groups and the head dim a
+      // multiple of 64, else a box per block; completing on the (slot, column) full barrier; the column's readers
       // release the slot on its empty barrier. No CTA-wide barrier in the loop: a warp waits only
       // for its own rows and, to refill a slot, for the warps that share them. A box is one
       // request to the copy engine (a bulk copy per 256-byte row was slower than cp.async on the
@@ -492,7 +522,7 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
           const int c = 2 * k + (lane >> 4);
           const uint4 x = src != nullptr && c < chunks_valid ? *reinterpret_cast<const uint4*>(src + 8 * c)
                                                              : make_uint4(0, 0, 0, 0);
-          *reinterpret_cast<uint4*>(dst + sm90::swizzled_offset<T::kBlockN>(row0 + r, 8 * c)) = x;
+          *reinterpret_cast<uint4*>(dst + KvSlot<T::kColBlocks>::offset(row0 + r, 8 * c)) = x;
         }
         // These stores come before the copy engine's next write to the rows.
         ptx::thread_fence_proxy_async_smem();
@@ -527,24 +557,25 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
         __syncwarp();
         if (box_tma) {
           const void* map = (h & 1) ? &L.v_map : &L.k_map;
-          for (int cb = 0; cb < col_blocks; ++cb) {
-            unsigned char* box_dst = dst + cb * T::kBlockN * 128 + (row0 + lane * box) * 128;
-            // The plan picks the L2 policy: evict_first pays only where splits are short (split_plan.h).
+          unsigned char* group = dst + (row0 >> 4) * KvSlot<T::kColBlocks>::kGroupBytes + lane * box * 128;
+          // The plan picks the L2 policy: evict_first pays only where splits are short (split_plan.h).
+          if (L.box_blocks > 1) {
+            // One 5-D box: the group's 16 rows, every column block.
             if (L.evict_first)
-              ptx::thread_tma_load_4d_hint(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page, stream_policy);
+              ptx::thread_tma_load_5d_hint(group, map, bar, 0, box_row, 0, int(hk), box_page, stream_policy);
             else
-              ptx::thread_tma_load_4d(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page);
+              ptx::thread_tma_load_5d(group, map, bar, 0, box_row, 0, int(hk), box_page);
+          } else {
+            for (int cb = 0; cb < col_blocks; ++cb) {
+              unsigned char* box_dst = group + cb * 16 * 128;
+              if (L.evict_first)
+                ptx::thread_tma_load_4d_hint(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page, stream_policy);
+              else
+                ptx::thread_tma_load_4d(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page);
+            }
           }
         }
       };
-      // Column blocks past head_dim (a head dim 64 or more below the kernel's) are never copied:
-      // zero in every slot, as Q is there.
-      const int pad_blocks = T::kColBlocks - col_blocks;
-      for (int i = tid; i < T::kSlots * pad_blocks * T::kBlockN * 8; i += T::kThreads) {
-        const int per_slot = pad_blocks * T::kBlockN * 8, s = i / per_slot, j = i % per_slot;
-        reinterpret_cast<uint4*>(sKV + s * T::kTileKV + col_blocks * T::kBlockN * 64)[j] = make_uint4(0, 0, 0, 0);
-      }
-      __syncthreads();  // the mbarriers are initialized and the padding blocks zeroed
       for (int h = 0; h < min(T::kSlots, halves); ++h) issue(h);
       // Q, issued first, has long landed: its copies close one group (a wait counts committed
       // groups only), then the barrier publishes it to every warp.

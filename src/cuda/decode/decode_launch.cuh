@@ -67,11 +67,13 @@ void run_decode(const DecodeLaunch& L, cudaStream_t stream) {
         return t;
       };
       // The rows are 16-byte aligned (checked by the caller), all TMA needs of a strided tensor.
-      // L2 fills of 256 bytes: a key row's two 128-byte halves come from HBM together (H100, session
-      // 51: 0.991-0.997x the time from 32k keys up, 1.002-1.005x at b=1 8k; the forward and
-      // backward keep 128, session 46).
-      if (!sm90::encode_tma_sw128(&tl.k_map, cache(p.k_cache, p.kc_page, p.kc_row, p.kc_head), tl.box_rows, true) ||
-          !sm90::encode_tma_sw128(&tl.v_map, cache(p.v_cache, p.vc_page, p.vc_row, p.vc_head), tl.box_rows, true))
+      // One copy per box instead of one per 64-column block where the box is a whole 16-row group
+      // of the slot layout (decode_kernel.cuh, KvSlot).
+      const bool blocks = tl.box_rows == 16 && p.head_dim % 64 == 0 && p.head_dim > 64;
+      tl.box_blocks = blocks ? int32_t(p.head_dim / 64) : 1;
+      auto encode = blocks ? sm90::encode_tma_sw128_blocks : sm90::encode_tma_sw128;
+      if (!encode(&tl.k_map, cache(p.k_cache, p.kc_page, p.kc_row, p.kc_head), tl.box_rows) ||
+          !encode(&tl.v_map, cache(p.v_cache, p.vc_page, p.vc_row, p.vc_head), tl.box_rows))
         throw Error(Status::unsupported,
                     "decode: the K/V cache cannot be loaded as a TMA tensor on this GPU path (a stride of 0 over "
                     "more than one row, head or page, or a layout the driver rejects)");

@@ -152,6 +152,29 @@ __device__ __forceinline__ void thread_tma_load_4d_hint(void* smem, const void* 
       : "memory");
 }
 
+// A 5-D box (c0 innermost .. c4), otherwise as thread_tma_load_4d: the decode kernel's K/V maps
+// make a key row's 64-column blocks a dimension of their own, so that one copy brings all of a box's
+// blocks.
+__device__ __forceinline__ void thread_tma_load_5d(void* smem, const void* tmap, uint64_t* bar, int c0, int c1, int c2,
+                                                   int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+      "%6}], [%7];\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// thread_tma_load_5d with an L2 cache policy (thread_l2_policy_evict_first).
+__device__ __forceinline__ void thread_tma_load_5d_hint(void* smem, const void* tmap, uint64_t* bar, int c0, int c1,
+                                                        int c2, int c3, int c4, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3, %4, %5, %6}], [%7], %8;\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(bar)),
+      "l"(policy)
+      : "memory");
+}
+
 // As thread_tma_load_4d, but the box lands at smem's offset in the shared memory of every CTA of
 // the cluster named in cta_mask (bit i: rank i), each completing the bytes on its own mbarrier at
 // bar's offset. The receivers announce them on their own barriers; bytes may land before that.

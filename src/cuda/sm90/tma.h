@@ -41,9 +41,17 @@ inline TmaTensor tma_view(const core::AttnShape& p, const void* base, const core
 // Encodes a map whose box is 64 elements of head_dim (one 128-byte swizzle span) by box_rows rows
 // of one head of one batch entry, written to shared memory with the 128-byte swizzle. Elements
 // outside the tensor load as zeros. Returns false (map untouched) when the driver rejects the
-// tensor (alignment, strides) or has no TMA: the caller then takes another path. l2_256: an L2 miss
-// fills 256 bytes instead of 128 (the decode kernel's boxes read 128 of a key row's 256 bytes each,
-// the other half in the next box).
-bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows, bool l2_256 = false);
+// tensor (alignment, strides) or has no TMA: the caller then takes another path. An L2 miss fills
+// 128 bytes: 256-byte fills, a key row's two halves together, cost the decode kernel 7-11% of its
+// time from 32k keys up on an H200 (bench/results/h200_session55_2026-12-06.txt, call 2) where they
+// had gained 0.3-0.9% on an H100 (session 51); the forward and backward moved 0.97-1.01x with them
+// (H100, session 46).
+bool encode_tma_sw128(CUtensorMap* map, const TmaTensor& t, int box_rows);
+
+// The same tensor with each row's head_dim columns seen as head_dim / 64 blocks of 64, a dimension
+// of their own: a box of box_rows rows by every block lands as the blocks one after another, each
+// box_rows x 128 swizzled bytes (the decode kernel's slots). head_dim must be a multiple of 64 (a
+// block past head_dim would read other data, not zeros); false when it is not or the driver refuses.
+bool encode_tma_sw128_blocks(CUtensorMap* map, const TmaTensor& t, int box_rows);
 
 }  // namespace flashattn::cuda::sm90
