@@ -10,8 +10,8 @@
 //   * memory: K and V tiles are separate "half-tiles" in one ring of slots (a K half feeds
 //     S = Q K^T, the next V half feeds O += P V), so a ring of any depth fits the shared memory
 //     budget even at head dim 256. Two loaders fill it: on sm90, TMA boxes (the copy engine, on
-//     mbarriers), each warp loading the rows it reads, the whole ring in flight; on sm80, cp.async by all threads with a CTA barrier per half-tile, kSlots - 1
-//     half-tiles in flight;
+//     mbarriers), each warp loading the rows it reads, the whole ring in flight; on sm80, cp.async
+//     by all threads with a CTA barrier per half-tile, kSlots - 1 half-tiles in flight;
 //   * paging: a key row is found through the block table (pages of any size, scattered) ahead of
 //     its copy; keys past the cached length come straight from k_new/v_new (the CTA that appends
 //     them to the cache runs concurrently), so appending needs no separate pass;
@@ -211,10 +211,10 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
   // latency is mostly elsewhere, but nothing waits for it needlessly.)
   const int64_t len = p.cache_seqlens[b * p.cache_seqlens_stride];
 
-  // Q rows: they do not depend on the length. Row r
-  // is token r / group of query head hk * group + r % group; rows past the last and columns past
-  // head_dim are zero-filled. (cp.async loader: committed with the first K half-tile; bulk loader:
-  // waited for once the first copies are issued; with no keys: before the shared memory is reused.)
+  // Q rows: they do not depend on the length. Row r is token r / group of query head
+  // hk * group + r % group; rows past the last and columns past head_dim are zero-filled. (cp.async
+  // loader: committed with the first K half-tile; bulk loader: waited for once the first copies are
+  // issued; with no keys: before the shared memory is reused.)
   {
     const E* q = static_cast<const E*>(p.q);
     for (int i = tid; i < T::kBlockM * T::kChunks; i += T::kThreads) {
@@ -470,12 +470,12 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
       // TMA: every warp loads the 16 key rows of each half-tile that it reads itself (its warp
       // column's rows, split between the column's row warps) as tensor boxes of L.box_rows rows
       // (16, or fewer so that a box never leaves a page) into its group of the slot (KvSlot): one
-      // 5-D box of every 64-column block when the rows are whole groups and the head dim a
-      // multiple of 64, else a box per block; completing on the (slot, column) full barrier; the column's readers
-      // release the slot on its empty barrier. No CTA-wide barrier in the loop: a warp waits only
-      // for its own rows and, to refill a slot, for the warps that share them. A box is one
-      // request to the copy engine (a bulk copy per 256-byte row was slower than cp.async on the
-      // H200: b=64 kv=4k 3728 against 4177 GB/s), and paged caches cost little more than
+      // 5-D box of every 64-column block when the rows are whole groups and the head dim a multiple
+      // of 64, else a box per block; completing on the (slot, column) full barrier; the column's
+      // readers release the slot on its empty barrier. No CTA-wide barrier in the loop: a warp
+      // waits only for its own rows and, to refill a slot, for the warps that share them. A box is
+      // one request to the copy engine (a bulk copy per 256-byte row was slower than cp.async on
+      // the H200: b=64 kv=4k 3728 against 4177 GB/s), and paged caches cost little more than
       // contiguous ones: the block table is the only difference. (The loads are not what bounds a
       // CTA: with boxes, as with cp.async, one CTA of 4 warps streamed ~25 GB/s; the tile math of
       // one warp per scheduler, its latencies exposed, is.) Rows a box cannot serve (at and past
