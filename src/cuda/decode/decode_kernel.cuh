@@ -245,8 +245,9 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     // zero in every slot, as Q is there. Per slot and 16-row group they are the group's last
     // blocks (KvSlot).
     const int col_blocks = (chunks_valid + 7) / 8;  // 64-column blocks holding head_dim columns
-    const int pad_bytes = (T::kColBlocks - col_blocks) * 16 * 128;
-    for (int i = tid; i < T::kSlots * 4 * pad_bytes / 16; i += T::kThreads) {
+    const int pad_bytes = (T::kColBlocks - col_blocks) * 16 * 128;  // per 16-row group
+    constexpr int kGroups = T::kSlots * (T::kBlockN / 16);          // 16-row groups in the ring
+    for (int i = tid; i < kGroups * pad_bytes / 16; i += T::kThreads) {
       const int group = i / (pad_bytes / 16), j = i % (pad_bytes / 16);
       unsigned char* pad = reinterpret_cast<unsigned char*>(sKV) + group * KvSlot<T::kColBlocks>::kGroupBytes +
                            col_blocks * 16 * 128;
