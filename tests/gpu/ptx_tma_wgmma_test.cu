@@ -46,8 +46,9 @@ __device__ void warpgroup_store_accumulators(float* dst, const float (&acc)[N / 
 // of a 128-wide row; 4-D and 5-D maps) completing on an mbarrier; S = Q K^T with both operands
 // K-major in shared memory (wgmma ss, N = 64); P = bf16(S / 8) re-packed from the accumulator as
 // register A fragments; O = P V with V MN-major (wgmma rs, N = 128 spanning both column blocks
-// through the descriptor's leading offset). Q, K, V: [64][128]; S: [64][64]; O: [64][128]. The last wait is
-// ptx::warpgroup_wait_after: slot_out[w] gets half of S[16 w][0], warp w's lane 0's first score.
+// through the descriptor's leading offset). Q, K, V: [64][128]; S: [64][64]; O: [64][128]. The
+// last wait is ptx::warpgroup_wait_after: slot_out[w] gets half of S[16 w][0], warp w's lane 0's
+// first score.
 struct TmaMaps {
   CUtensorMap q, k, v;
 };

@@ -69,10 +69,13 @@ constexpr int decode_kv_slots(int head_dim, int block_m, int warps_n) {
 // loads, so one 5-D box (decode.h, box_blocks) fills all of its blocks.
 template <int kColBlocks>
 struct KvSlot {
-  static constexpr int kGroupBytes = kColBlocks * 16 * 128;
+  static constexpr int kGroupShift = 4, kGroupRows = 1 << kGroupShift;
+  static constexpr int kBlockBytes = kGroupRows * 128;  // one column block of a group
+  static constexpr int kGroupBytes = kColBlocks * kBlockBytes;
   // Byte offset of element (row, col).
   static __device__ __forceinline__ uint32_t offset(int row, int col) {
-    return uint32_t((row >> 4) * kGroupBytes) + sm90::swizzled_offset<16>(row & 15, col);
+    const int slot_group = row >> kGroupShift, row_in_group = row & (kGroupRows - 1);
+    return uint32_t(slot_group * kGroupBytes) + sm90::swizzled_offset<kGroupRows>(row_in_group, col);
   }
 };
 
@@ -81,11 +84,13 @@ struct KvSlot {
 // chunk `chunk + bit` (chunk even, a constant).
 template <int kColBlocks>
 struct Sw128LaneRows {
+  using Slot = KvSlot<kColBlocks>;
+  static constexpr int kGroup = Slot::kGroupBytes / 2, kBlock = Slot::kBlockBytes / 2;  // in elements
   int base, x;
   __device__ __forceinline__ Sw128LaneRows(int row, int bit)
-      : base((row >> 4) * kColBlocks * 16 * 64 + (row & 15) * 64), x((row & 7) ^ bit) {}
+      : base((row >> Slot::kGroupShift) * kGroup + (row & (Slot::kGroupRows - 1)) * 64), x((row & 7) ^ bit) {}
   __device__ __forceinline__ int at(int row_hi, int chunk) const {
-    return (row_hi >> 4) * kColBlocks * 16 * 64 + (chunk >> 3) * 16 * 64 + base + (((chunk & 7) ^ x) << 3);
+    return (row_hi >> Slot::kGroupShift) * kGroup + (chunk >> 3) * kBlock + base + (((chunk & 7) ^ x) << 3);
   }
 };
 
@@ -244,13 +249,14 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
     // Column blocks past head_dim (a head dim 64 or more below the kernel's) are never copied:
     // zero in every slot, as Q is there. Per slot and 16-row group they are the group's last
     // blocks (KvSlot).
+    using Slot = KvSlot<T::kColBlocks>;
     const int col_blocks = (chunks_valid + 7) / 8;  // 64-column blocks holding head_dim columns
-    const int pad_bytes = (T::kColBlocks - col_blocks) * 16 * 128;  // per 16-row group
-    constexpr int kGroups = T::kSlots * (T::kBlockN / 16);          // 16-row groups in the ring
+    const int pad_bytes = (T::kColBlocks - col_blocks) * Slot::kBlockBytes;  // per 16-row group
+    constexpr int kGroups = T::kSlots * (T::kBlockN / Slot::kGroupRows);     // 16-row groups in the ring
     for (int i = tid; i < kGroups * pad_bytes / 16; i += T::kThreads) {
-      const int group = i / (pad_bytes / 16), j = i % (pad_bytes / 16);
-      unsigned char* pad = reinterpret_cast<unsigned char*>(sKV) + group * KvSlot<T::kColBlocks>::kGroupBytes +
-                           col_blocks * 16 * 128;
+      const int slot_group = i / (pad_bytes / 16), j = i % (pad_bytes / 16);
+      unsigned char* pad = reinterpret_cast<unsigned char*>(sKV) + slot_group * Slot::kGroupBytes +
+                           col_blocks * Slot::kBlockBytes;
       reinterpret_cast<uint4*>(pad)[j] = make_uint4(0, 0, 0, 0);
     }
     __syncthreads();  // the mbarriers are initialized and the padding blocks zeroed
@@ -558,21 +564,22 @@ __global__ void __launch_bounds__(T::kThreads) decode_kernel(const __grid_consta
         __syncwarp();
         if (box_tma) {
           const void* map = (h & 1) ? &L.v_map : &L.k_map;
-          unsigned char* group = dst + (row0 >> 4) * KvSlot<T::kColBlocks>::kGroupBytes + lane * box * 128;
+          using Slot = KvSlot<T::kColBlocks>;
+          unsigned char* box_dst = dst + (row0 >> Slot::kGroupShift) * Slot::kGroupBytes + lane * box * 128;
           // The plan picks the L2 policy: evict_first pays only where splits are short (split_plan.h).
           if (L.box_blocks > 1) {
             // One 5-D box: the group's 16 rows, every column block.
             if (L.evict_first)
-              ptx::thread_tma_load_5d_hint(group, map, bar, 0, box_row, 0, int(hk), box_page, stream_policy);
+              ptx::thread_tma_load_5d_hint(box_dst, map, bar, 0, box_row, 0, int(hk), box_page, stream_policy);
             else
-              ptx::thread_tma_load_5d(group, map, bar, 0, box_row, 0, int(hk), box_page);
+              ptx::thread_tma_load_5d(box_dst, map, bar, 0, box_row, 0, int(hk), box_page);
           } else {
             for (int cb = 0; cb < col_blocks; ++cb) {
-              unsigned char* box_dst = group + cb * 16 * 128;
+              unsigned char* block_dst = box_dst + cb * Slot::kBlockBytes;
               if (L.evict_first)
-                ptx::thread_tma_load_4d_hint(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page, stream_policy);
+                ptx::thread_tma_load_4d_hint(block_dst, map, bar, 64 * cb, box_row, int(hk), box_page, stream_policy);
               else
-                ptx::thread_tma_load_4d(box_dst, map, bar, 64 * cb, box_row, int(hk), box_page);
+                ptx::thread_tma_load_4d(block_dst, map, bar, 64 * cb, box_row, int(hk), box_page);
             }
           }
         }
