@@ -8,41 +8,88 @@
 #   scripts/gpu_ab.sh PATCH                 (a `git diff` against this tree; git apply needs no repo,
 #                                            and skips any text before the first diff header)
 #   AB_BENCH=decode HDIMS=128 B_SUBSET=1 TEST_FILTER='GpuDecode.*:Ptx.*' scripts/gpu_ab.sh PATCH
+# When device time is short, build on the CPU machine instead (nvcc, no GPU): PACK=1 builds A and B
+# there, one after the other, and packs the two libraries and B's test program, stripped and
+# gzipped, into build-carry/ab/ (about 6 MB for d=128 bf16); then on the GPU machine CARRY=1
+# scripts/gpu_ab.sh, with no PATCH and carry=["build-carry"], runs B's tests and the timing only:
+#   PACK=1 HDIMS=128 B_SUBSET=1 scripts/gpu_ab.sh PATCH                                  (here)
+#   CARRY=1 AB_BENCH=decode TEST_FILTER='GpuDecode.*:Ptx.*' scripts/gpu_ab.sh            (there)
 # Environment: ARCHS (default 90a); HDIMS and DTYPES of the timed builds (default "64;128" and bf16;
 # B takes every variant when TEST_FILTER asks for its tests, unless B_SUBSET is set); AB_ARGS,
 # passed to the timing script (ab_compare.py: default "--modes fwd --d 64,128 --s 2048,8192", it
 # times bf16; decode_ab.py: default "--pages 0,16,256 --rounds 3", the anchors' decode rows).
 set -uo pipefail
-[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: scripts/gpu_ab.sh PATCH (a file)"; exit 2; }
-patch=$(realpath "$1")
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT/a" "$OUT/b"
 B=/tmp/flashattn-ab-b
-rm -rf "$B" && mkdir -p "$B"
-# The sources only: build folders and carried files stay behind.
-tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$B"
-(cd "$B" && git apply "$patch") || { echo "the patch does not apply to this tree"; exit 1; }
+PACKED=build-carry/ab
 
-export HDIMS=${HDIMS:-64;128} DTYPES=${DTYPES:-bf16}
-OUT="$OUT/a" scripts/gpu_check.sh build > "$OUT/a/build_step.txt" 2>&1 &
-a=$!
-# B's tests need every variant: its build drops the subset when TEST_FILTER is set (unless B_SUBSET
-# says the tests skip what the subset lacks, as the decode tests do).
-b_env=()
-[ -n "${TEST_FILTER:-}" ] && [ -z "${B_SUBSET:-}" ] && b_env=(-u HDIMS -u DTYPES)
-(cd "$B" && env "${b_env[@]}" OUT="$OUT/b" scripts/gpu_check.sh build) > "$OUT/b/build_step.txt" 2>&1 &
-b=$!
-wait $a; built_a=$?
-wait $b; built_b=$?
-for side in a b; do echo "== $side"; cat "$OUT/$side/build_step.txt"; done
-((built_a == 0 && built_b == 0)) || exit 1
+if [ -n "${CARRY:-}" ]; then
+  sed -n '1s/^/carried A\/B of /p' $PACKED/COMMIT
+  for side in a b; do
+    mkdir -p build-ab/$side
+    for f in libflashattn.so flashattn_gpu_tests; do
+      [ -f $PACKED/$side/$f.gz ] || continue
+      gunzip -c $PACKED/$side/$f.gz > build-ab/$side/$f && chmod +x build-ab/$side/$f || exit 1
+    done
+  done
+  lib_a=build-ab/a/libflashattn.so lib_b=build-ab/b/libflashattn.so tests_b=build-ab/b/flashattn_gpu_tests
+else
+  [ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: scripts/gpu_ab.sh PATCH (a file), or CARRY=1 scripts/gpu_ab.sh"; exit 2; }
+  patch=$(realpath "$1")
+  rm -rf "$B" && mkdir -p "$B"
+  # The sources only: build folders and carried files stay behind.
+  tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$B"
+  (cd "$B" && git apply "$patch") || { echo "the patch does not apply to this tree"; exit 1; }
+
+  export HDIMS=${HDIMS:-64;128} DTYPES=${DTYPES:-bf16}
+  # B's tests need every variant: its build drops the subset when TEST_FILTER is set or the tests are
+  # packed (unless B_SUBSET says the tests skip what the subset lacks, as the decode tests do).
+  b_env=()
+  [ -n "${TEST_FILTER:-}${PACK:-}" ] && [ -z "${B_SUBSET:-}" ] && b_env=(-u HDIMS -u DTYPES)
+  if [ -n "${PACK:-}" ]; then
+    # The CPU machine has few cores: one build at a time, at ninja's own parallelism.
+    rm -rf $PACKED && mkdir -p $PACKED/a $PACKED/b
+    for side in a b; do
+      src=.; [ $side = b ] && src=$B
+      targets=(flashattn); [ $side = b ] && targets+=(flashattn_gpu_tests)
+      # B's copy is fresh, so leaving the subset out there builds every variant (the CMake default).
+      subset=(-DFLASHATTN_HDIMS="$HDIMS" -DFLASHATTN_DTYPES="$DTYPES")
+      [ $side = b ] && [ ${#b_env[@]} -gt 0 ] && subset=()
+      (cd $src && cmake -S . -B build-ab-pack -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+        -DFLASHATTN_ARCHS="${ARCHS:-90a}" "${subset[@]}" -DFLASHATTN_BUILD_TOOLS=OFF > /dev/null &&
+        cmake --build build-ab-pack --target "${targets[@]}") > "$OUT/$side/pack.log" 2>&1 ||
+        { grep -E "error|FAILED" "$OUT/$side/pack.log" | head -30; exit 1; }
+      # What ptxas said of the objects compiled now (all of B's; A's build folder is kept between runs).
+      echo "== $side"; grep -E "spill" "$OUT/$side/pack.log" | sort | uniq -c | head -20
+      echo "C7519 (injected warpgroup fences): $(grep -c C7519 "$OUT/$side/pack.log")"
+      echo "C7511/C7520 (serialized wgmmas): $(grep -cE 'C7511|C7520' "$OUT/$side/pack.log")"
+      strip -s -o $PACKED/$side/libflashattn.so $src/build-ab-pack/libflashattn.so
+      [ ${#targets[@]} -eq 2 ] && strip -s -o $PACKED/$side/flashattn_gpu_tests $src/build-ab-pack/tests/flashattn_gpu_tests
+      gzip $PACKED/$side/*
+    done
+    { git rev-parse HEAD; git status --short; echo "B = A + $patch ($(sha256sum < "$patch" | cut -c1-12))"; } > $PACKED/COMMIT
+    du -sh $PACKED
+    exit 0
+  fi
+  OUT="$OUT/a" scripts/gpu_check.sh build > "$OUT/a/build_step.txt" 2>&1 &
+  a=$!
+  (cd "$B" && env "${b_env[@]}" OUT="$OUT/b" scripts/gpu_check.sh build) > "$OUT/b/build_step.txt" 2>&1 &
+  b=$!
+  wait $a; built_a=$?
+  wait $b; built_b=$?
+  for side in a b; do echo "== $side"; cat "$OUT/$side/build_step.txt"; done
+  ((built_a == 0 && built_b == 0)) || exit 1
+  lib_a=build-gpu/libflashattn.so lib_b="$B/build-gpu/libflashattn.so" tests_b="$B/build-gpu/tests/flashattn_gpu_tests"
+fi
 
 status=0
 if [ -n "${TEST_FILTER:-}" ]; then
-  (cd "$B" && OUT="$OUT/b" scripts/gpu_check.sh test) || status=1
+  "$tests_b" --gtest_filter="$TEST_FILTER" > "$OUT/b/gpu_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|exceeds|tests ran" "$OUT/b/gpu_tests.log" | head -40
 fi
-libs=(--lib-a build-gpu/libflashattn.so --lib-b "$B/build-gpu/libflashattn.so")
+libs=(--lib-a "$lib_a" --lib-b "$lib_b")
 if [ "${AB_BENCH:-fwd}" = decode ]; then
   PYTHONUNBUFFERED=1 python3 bench/decode_ab.py "${libs[@]}" ${AB_ARGS:---pages 0,16,256 --rounds 3} 2>&1 |
     tee "$OUT/ab.txt" || status=1
