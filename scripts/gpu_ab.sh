@@ -8,9 +8,9 @@
 #   scripts/gpu_ab.sh PATCH                 (a `git diff` against this tree; git apply needs no repo,
 #                                            and skips any text before the first diff header)
 #   AB_BENCH=decode HDIMS=128 B_SUBSET=1 TEST_FILTER='GpuDecode.*:Ptx.*' scripts/gpu_ab.sh PATCH
-# When device time is short, build on the CPU machine instead (nvcc, no GPU): PACK=1 builds A and B
-# there, one after the other, and packs the two libraries and B's test program, stripped and
-# gzipped, into build-carry/ab/ (about 6 MB for d=128 bf16); then on the GPU machine CARRY=1
+# When device time is short, build on the CPU machine instead (nvcc, no GPU): PACK=1 packs A and B
+# there with scripts/gpu_carry.sh, one after the other, into build-carry/ab/{a,b} (libraries and
+# GPU test programs, stripped and gzipped, about 9 MB for d=128 bf16); then on the GPU machine CARRY=1
 # scripts/gpu_ab.sh, with no PATCH and carry=["build-carry"], runs B's tests and the timing only:
 #   PACK=1 HDIMS=128 B_SUBSET=1 scripts/gpu_ab.sh PATCH                                  (here)
 #   CARRY=1 AB_BENCH=decode TEST_FILTER='GpuDecode.*:Ptx.*' scripts/gpu_ab.sh            (there)
@@ -26,13 +26,12 @@ B=/tmp/flashattn-ab-b
 PACKED=build-carry/ab
 
 if [ -n "${CARRY:-}" ]; then
-  sed -n '1s/^/carried A\/B of /p' $PACKED/COMMIT
+  sed -n '1s/^/carried A\/B of /p;$p' $PACKED/a/COMMIT
   for side in a b; do
     mkdir -p build-ab/$side
-    for f in libflashattn.so flashattn_gpu_tests; do
-      [ -f $PACKED/$side/$f.gz ] || continue
-      gunzip -c $PACKED/$side/$f.gz > build-ab/$side/$f && chmod +x build-ab/$side/$f || exit 1
-    done
+    gunzip -c $PACKED/$side/libflashattn.so.gz > build-ab/$side/libflashattn.so &&
+      gunzip -c $PACKED/$side/tests/flashattn_gpu_tests.gz > build-ab/$side/flashattn_gpu_tests &&
+      chmod +x build-ab/$side/flashattn_gpu_tests || exit 1
   done
   lib_a=build-ab/a/libflashattn.so lib_b=build-ab/b/libflashattn.so tests_b=build-ab/b/flashattn_gpu_tests
 else
@@ -49,27 +48,18 @@ else
   b_env=()
   [ -n "${TEST_FILTER:-}${PACK:-}" ] && [ -z "${B_SUBSET:-}" ] && b_env=(-u HDIMS -u DTYPES)
   if [ -n "${PACK:-}" ]; then
-    # The CPU machine has few cores: one build at a time, at ninja's own parallelism.
-    rm -rf $PACKED && mkdir -p $PACKED/a $PACKED/b
+    # scripts/gpu_carry.sh on each side, one after the other (the CPU machine has few cores); B's
+    # copy is fresh, so leaving its subset out builds every variant (the CMake default).
     for side in a b; do
-      src=.; [ $side = b ] && src=$B
-      targets=(flashattn); [ $side = b ] && targets+=(flashattn_gpu_tests)
-      # B's copy is fresh, so leaving the subset out there builds every variant (the CMake default).
-      subset=(-DFLASHATTN_HDIMS="$HDIMS" -DFLASHATTN_DTYPES="$DTYPES")
-      [ $side = b ] && [ ${#b_env[@]} -gt 0 ] && subset=()
-      (cd $src && cmake -S . -B build-ab-pack -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-        -DFLASHATTN_ARCHS="${ARCHS:-90a}" "${subset[@]}" -DFLASHATTN_BUILD_TOOLS=OFF > /dev/null &&
-        cmake --build build-ab-pack --target "${targets[@]}") > "$OUT/$side/pack.log" 2>&1 ||
-        { grep -E "error|FAILED" "$OUT/$side/pack.log" | head -30; exit 1; }
+      src=.; side_env=(); dest=$PWD/$PACKED/$side; [ $side = b ] && src=$B side_env=("${b_env[@]}")
+      (cd $src && env "${side_env[@]}" CARRY_DIR="$dest" SRC_BUILD=build-ab-pack scripts/gpu_carry.sh) \
+        > "$OUT/$side/pack.log" 2>&1 || { grep -E "error|FAILED" "$OUT/$side/pack.log" | head -30; exit 1; }
       # What ptxas said of the objects compiled now (all of B's; A's build folder is kept between runs).
       echo "== $side"; grep -E "spill" "$OUT/$side/pack.log" | sort | uniq -c | head -20
       echo "C7519 (injected warpgroup fences): $(grep -c C7519 "$OUT/$side/pack.log")"
       echo "C7511/C7520 (serialized wgmmas): $(grep -cE 'C7511|C7520' "$OUT/$side/pack.log")"
-      strip -s -o $PACKED/$side/libflashattn.so $src/build-ab-pack/libflashattn.so
-      [ ${#targets[@]} -eq 2 ] && strip -s -o $PACKED/$side/flashattn_gpu_tests $src/build-ab-pack/tests/flashattn_gpu_tests
-      gzip $PACKED/$side/*
     done
-    { git rev-parse HEAD; git status --short; echo "B = A + $patch ($(sha256sum < "$patch" | cut -c1-12))"; } > $PACKED/COMMIT
+    echo "B = A + $patch ($(sha256sum < "$patch" | cut -c1-12))" >> $PACKED/a/COMMIT
     du -sh $PACKED
     exit 0
   fi
