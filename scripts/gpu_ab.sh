@@ -20,6 +20,7 @@
 # times bf16; decode_ab.py: default "--pages 0,16,256 --rounds 3", the anchors' decode rows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_common.sh
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT/a" "$OUT/b"
 B=/tmp/flashattn-ab-b
@@ -27,13 +28,8 @@ PACKED=build-carry/ab
 
 if [ -n "${CARRY:-}" ]; then
   sed -n '1s/^/carried A\/B of /p;$p' $PACKED/a/COMMIT
-  for side in a b; do
-    mkdir -p build-ab/$side
-    gunzip -c $PACKED/$side/libflashattn.so.gz > build-ab/$side/libflashattn.so &&
-      gunzip -c $PACKED/$side/tests/flashattn_gpu_tests.gz > build-ab/$side/flashattn_gpu_tests &&
-      chmod +x build-ab/$side/flashattn_gpu_tests || exit 1
-  done
-  lib_a=build-ab/a/libflashattn.so lib_b=build-ab/b/libflashattn.so tests_b=build-ab/b/flashattn_gpu_tests
+  for side in a b; do unpack_carried $PACKED/$side build-ab/$side || exit 1; done
+  lib_a=build-ab/a/libflashattn.so lib_b=build-ab/b/libflashattn.so tests_b=build-ab/b/tests/flashattn_gpu_tests
 else
   [ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: scripts/gpu_ab.sh PATCH (a file), or CARRY=1 scripts/gpu_ab.sh"; exit 2; }
   patch=$(realpath "$1")
@@ -54,10 +50,8 @@ else
       src=.; side_env=(); dest=$PWD/$PACKED/$side; [ $side = b ] && src=$B side_env=("${b_env[@]}")
       (cd $src && env "${side_env[@]}" CARRY_DIR="$dest" SRC_BUILD=build-ab-pack scripts/gpu_carry.sh) \
         > "$OUT/$side/pack.log" 2>&1 || { grep -E "error|FAILED" "$OUT/$side/pack.log" | head -30; exit 1; }
-      # What ptxas said of the objects compiled now (all of B's; A's build folder is kept between runs).
-      echo "== $side"; grep -E "spill" "$OUT/$side/pack.log" | sort | uniq -c | head -20
-      echo "C7519 (injected warpgroup fences): $(grep -c C7519 "$OUT/$side/pack.log")"
-      echo "C7511/C7520 (serialized wgmmas): $(grep -cE 'C7511|C7520' "$OUT/$side/pack.log")"
+      # A's build folder is kept between runs, so its report covers only what changed since the last.
+      echo "== $side (ptxas on the objects compiled in this run)"; report_ptxas "$OUT/$side/pack.log"
     done
     echo "B = A + $patch ($(sha256sum < "$patch" | cut -c1-12))" >> $PACKED/a/COMMIT
     du -sh $PACKED
@@ -76,8 +70,7 @@ fi
 
 status=0
 if [ -n "${TEST_FILTER:-}" ]; then
-  "$tests_b" --gtest_filter="$TEST_FILTER" > "$OUT/b/gpu_tests.log" 2>&1 || status=1
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|exceeds|tests ran" "$OUT/b/gpu_tests.log" | head -40
+  run_gpu_tests "$tests_b" "$TEST_FILTER" "$OUT/b/gpu_tests.log" || status=1
 fi
 libs=(--lib-a "$lib_a" --lib-b "$lib_b")
 if [ "${AB_BENCH:-fwd}" = decode ]; then

@@ -14,16 +14,14 @@
 # device tool carried in build-carry/, unpacked into build-carried/ (build-carry/ itself must stay
 # packed, within carry's 64 MiB); leave out the build and sweep steps.
 set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT"
 BUILD=build-gpu
 if [ -n "${CARRY:-}" ]; then
   BUILD=build-carried
   sed -n '1s/^/carried build of /p' build-carry/COMMIT
-  mkdir -p $BUILD/tests
-  gunzip -c build-carry/tests/flashattn_gpu_tests.gz > $BUILD/tests/flashattn_gpu_tests &&
-    gunzip -c build-carry/libflashattn.so.gz > $BUILD/libflashattn.so && chmod +x $BUILD/tests/flashattn_gpu_tests ||
-    exit 1
+  unpack_carried build-carry $BUILD || exit 1
 fi
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
@@ -35,18 +33,10 @@ for step in "${steps[@]}"; do
       cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_ARCHS="${ARCHS:-90a}" \
         ${HDIMS:+-DFLASHATTN_HDIMS="$HDIMS"} ${DTYPES:+-DFLASHATTN_DTYPES="$DTYPES"} -DFLASHATTN_BUILD_TOOLS=OFF > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
       cmake --build $BUILD -j16 --target flashattn flashattn_gpu_tests > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-      grep -E "spill" "$OUT/build.log" | sort | uniq -c | head -20
-      # ptxas serializing wgmmas costs the Hopper kernels a quarter of their speed: message C7520,
-      # or C7511 when it lacks the registers for the wgmma pipeline (the half-diagonal forward of
-      # session 47 at d=64 ran 0.75x). Name every kernel either hits (its own injected fences,
-      # C7519, are common and cost little).
-      echo "C7519 (injected warpgroup fences): $(grep -c C7519 "$OUT/build.log")"
-      echo "C7511/C7520 (serialized wgmmas): $(grep -cE 'C7511|C7520' "$OUT/build.log")"
-      grep -E 'C7511|C7520' "$OUT/build.log" | sed -E "s/.*function '([^']*)'.*/  \1/" | sort -u
+      report_ptxas "$OUT/build.log"
       ;;
     test)
-      ./$BUILD/tests/flashattn_gpu_tests ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} > "$OUT/gpu_tests.log" 2>&1 || status=1
-      grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|exceeds|tests ran" "$OUT/gpu_tests.log" | head -40
+      run_gpu_tests ./$BUILD/tests/flashattn_gpu_tests "${TEST_FILTER:-}" "$OUT/gpu_tests.log" || status=1
       ;;
     sanitize)
       for tool in ${SAN_TOOLS:-memcheck racecheck}; do
