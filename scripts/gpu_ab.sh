@@ -19,7 +19,7 @@
 # passed to the timing script (ab_compare.py: default "--modes fwd --d 64,128 --s 2048,8192", it
 # times bf16; decode_ab.py: default "--pages 0,16,256 --rounds 3", the anchors' decode rows).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 source scripts/gpu_common.sh
 OUT=${OUT:-/tmp/flashattn-gpu-out}
 mkdir -p "$OUT/a" "$OUT/b"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/gpu_check.sh and scripts/gpu_ab.sh: the pieces both need, so that a single-tree
 # check and an A/B report the same things in the same way.
 
