@@ -8,7 +8,9 @@ scattered in a shuffled order), and optionally ('h' in --pages) on SDPA's own me
 KV head's keys contiguous, passed to us as a strided cache view; --splits adds rows with the split
 count forced, to check the automatic choice. GB/s = bytes of K and V read / median time (triton do_bench, CUDA
 events). The device copy bandwidth is measured in the same run (bytes read + written, as in
-the anchors), so every figure can be read against it.
+the anchors), so every figure can be read against it, and so is, per row, the time of a bare read
+of as many bytes (bench/read_probe.py, graph replays timed the same way): cuDNN's time over it is
+the highest ratio to cuDNN that any decode kernel could reach on that row (column cdn/read).
 
 Ours is timed two ways through the C ABI (ctypes): `run` calls flashattn_decode_run on a plan
 (host checks of shapes and pointers on every call, no host sync), `graph` replays that call
@@ -27,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flashattn_abi import BF16, I32, DecodeArgs, DecodePlan, load, view
+from read_probe import read_us
 
 ROWS = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 4096))
 HQ, HK, D = 32, 8, 128  # query heads, KV heads, head dim of every row
@@ -118,6 +121,7 @@ def main():
     p.add_argument("--splits", default="", help="split counts to force in extra rows (default: the automatic choice only)")
     p.add_argument("--rows", default=",".join(f"{b}x{kv}" for b, kv in ROWS), help="BATCHxKV,... (default: the anchors)")
     p.add_argument("--no-sdpa", action="store_true", help="ours only (e.g. under a profiler)")
+    p.add_argument("--no-read", action="store_true", help="skip the bare-read bound (bench/read_probe.py)")
     p.add_argument("--json")
     a = p.parse_args()
     lib = load(a.lib)
@@ -131,7 +135,7 @@ def main():
     print(f"{res['device']}  torch {res['torch']}  cudnn {res['cudnn']}  copy {copy:.0f} GB/s (read+write)"
           f"  floor {floor:.1f} us (graph of one tiny kernel)")
     print(f"{'b':>3} {'kv':>7} {'page':>5} {'splits':>6} | {'run':>6} {'graph':>6} | {'cudnn':>6} {'fa2':>6} |"
-          f" {'graph/cudnn':>11} {'graph/copy':>10} | {'us':>6} {'cdn_us':>6} | max|ours-sdpa|" + ("   (* = splits forced)" if forced else ""))
+          f" {'graph/cudnn':>11} {'graph/copy':>10} | {'us':>6} {'cdn_us':>6} {'read':>6} {'cdn/read':>8} | max|ours-sdpa|" + ("   (* = splits forced)" if forced else ""))
     for b, kv in rows:
         q = torch.randn(b, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, kv, HK, D, device="cuda", dtype=torch.bfloat16)
@@ -154,6 +158,11 @@ def main():
             del kt, vt
             kt = vt = None
         torch.cuda.empty_cache()
+        if not a.no_read:
+            both = torch.empty(2 * k.numel(), device="cuda", dtype=k.dtype).normal_()  # as many bytes as K and V
+            sdpa["read_us"], sdpa["read_shape"] = read_us(both)
+            del both
+            torch.cuda.empty_cache()
         for page, splits in [(page, 0) for page in pages] + [(pages[0], s) for s in forced]:
             try:
                 ours = Ours(lib, q, k, v, lens, page, splits, kt, vt)
@@ -179,7 +188,8 @@ def main():
             us = lambda key: f"{nbytes / row[key] / 1e3:6.1f}" if row.get(key) else "     -"
             print(f"{b:3d} {kv:7d} {page!s:>5} {row['splits']:5d}{'*' if splits else ' '} | {f('run_GBps')} {f('graph_GBps')} | {f('cudnn')}"
                   f" {f('fa2')} | {r(row.get('graph_GBps'), row.get('cudnn')):>11} {r(row.get('graph_GBps'), copy):>10}"
-                  f" | {us('graph_GBps')} {us('cudnn')} | {row.get('max_abs_diff_vs_sdpa', float('nan')):.3g}" + (f"  FAULTS {row['faults']}" if row["faults"] else ""),
+                  f" | {us('graph_GBps')} {us('cudnn')} {row.get('read_us', 0):6.1f}"
+                  f" {r(nbytes / row['cudnn'] / 1e3 if row.get('cudnn') else 0, row.get('read_us')):>8} | {row.get('max_abs_diff_vs_sdpa', float('nan')):.3g}" + (f"  FAULTS {row['faults']}" if row["faults"] else ""),
                   flush=True)
             del ours
             torch.cuda.empty_cache()
