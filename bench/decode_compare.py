@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flashattn_abi import BF16, I32, DecodeArgs, DecodePlan, load, view
-from read_probe import read_us
+from read_probe import read_us, use_cuda_reader
 
 ROWS = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 4096))
 HQ, HK, D = 32, 8, 128  # query heads, KV heads, head dim of every row
@@ -122,9 +122,12 @@ def main():
     p.add_argument("--rows", default=",".join(f"{b}x{kv}" for b, kv in ROWS), help="BATCHxKV,... (default: the anchors)")
     p.add_argument("--no-sdpa", action="store_true", help="ours only (e.g. under a profiler)")
     p.add_argument("--no-read", action="store_true", help="skip the bare-read bound (bench/read_probe.py)")
+    p.add_argument("--read-lib", help="bench/read_probe.cu built as a shared library: its readers join the bound")
     p.add_argument("--json")
     a = p.parse_args()
     lib = load(a.lib)
+    if a.read_lib:
+        use_cuda_reader(a.read_lib)
     pages = [x if x == "h" else int(x) for x in a.pages.split(",") if x]
     forced = [int(x) for x in a.splits.split(",") if x]
     rows = [tuple(int(v) for v in r.split("x")) for r in a.rows.split(",") if r]
