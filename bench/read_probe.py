@@ -116,7 +116,7 @@ def main():
         use_cuda_reader(a.cuda_lib)
     print(torch.cuda.get_device_name())
     for mb in (float(s) for s in a.mb.split(",") if s):
-        x = torch.randn(int(mb * 1e6) // 2, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(round(mb * 1e6 / 4096) * 2048, device="cuda", dtype=torch.bfloat16)  # whole 4 KB
         every = {}
         us, name = read_us(x, every)
         print(f"{mb:8.1f} MB  {us:7.1f} us  {x.numel() * 2 / us / 1e3:6.0f} GB/s  ({name}; all shapes: "
