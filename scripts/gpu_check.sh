@@ -23,6 +23,15 @@ if [ -n "${CARRY:-}" ]; then
   sed -n '1s/^/carried build of /p' build-carry/COMMIT
   unpack_carried build-carry $BUILD || exit 1
 fi
+# decode_compare.py's bare-read bound also tries the hand-written CUDA reader (bench/read_probe.cu),
+# built here for this GPU: READ_ARGS holds the option, or nothing (Triton readers only) if it does
+# not build.
+read_lib_args() {
+  READ_ARGS=()
+  if nvcc -O3 -shared -Xcompiler -fPIC -arch=native bench/read_probe.cu -o "$BUILD/read_probe.so"; then
+    READ_ARGS=(--read-lib "$BUILD/read_probe.so")
+  fi
+}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
 status=0
@@ -50,8 +59,9 @@ for step in "${steps[@]}"; do
       PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --lib $BUILD/libflashattn.so --json "$OUT/bench.json" ${BENCH_ARGS:-} \
         2>&1 | tee "$OUT/bench.log" || status=1
       if [ "${DECODE_ARGS:-}" != "skip" ]; then
+        read_lib_args
         PYTHONUNBUFFERED=1 python3 bench/decode_compare.py --lib $BUILD/libflashattn.so --json "$OUT/decode.json" \
-          ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" || status=1
+          "${READ_ARGS[@]}" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" || status=1
       fi
       ;;
     bars)
@@ -64,7 +74,8 @@ for step in "${steps[@]}"; do
       FLASHATTN_GPU_FORWARD=portable FLASHATTN_GPU_BACKWARD=portable PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py \
         --lib $lib --modes fwd,bwd --s 2048,4096,8192,16384 --rounds 3 --json "$OUT/portable.json" \
         > "$OUT/portable.log" 2>&1 || status=1
-      PYTHONUNBUFFERED=1 python3 bench/decode_compare.py --lib $lib --json "$OUT/decode.json" \
+      read_lib_args
+      PYTHONUNBUFFERED=1 python3 bench/decode_compare.py --lib $lib --json "$OUT/decode.json" "${READ_ARGS[@]}" \
         > "$OUT/decode.log" 2>&1 || status=1
       python3 bench/bars.py --hopper "$OUT/hopper.json" --portable "$OUT/portable.json" --decode "$OUT/decode.json" |
         tee "$OUT/bars.txt" | grep -E "^device|^WARNING|^#[0-9]+:|BELOW|NOT MEASURED"
