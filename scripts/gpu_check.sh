@@ -24,10 +24,11 @@ if [ -n "${CARRY:-}" ]; then
   unpack_carried build-carry $BUILD || exit 1
 fi
 # decode_compare.py's bare-read bound also tries the hand-written CUDA reader (bench/read_probe.cu),
-# built here for this GPU: READ_ARGS holds the option, or nothing (Triton readers only) if it does
-# not build.
+# built here for this GPU once per run: READ_ARGS holds the option, or nothing (Triton readers only)
+# if it does not build.
 read_lib_args() {
-  READ_ARGS=()
+  [ -n "${READ_TRIED:-}" ] && return
+  READ_TRIED=1 READ_ARGS=()
   if nvcc -O3 -shared -Xcompiler -fPIC -arch=native bench/read_probe.cu -o "$BUILD/read_probe.so"; then
     READ_ARGS=(--read-lib "$BUILD/read_probe.so")
   fi
